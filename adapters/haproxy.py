@@ -1,0 +1,359 @@
+"""HAProxy adapter: weights through the runtime API of an admin ``stats socket``.
+
+KnapsackLB programs weights through the interface the LB already has (shared/seeds/001,
+section 3.2 "Using weights to control traffic"; HAProxy is the paper's main LB). HAProxy 2.6
+takes ``set server <backend>/<server> weight <0-256>`` on a UNIX or TCP socket declared
+``stats socket ... level admin``; a new weight applies to the next request.
+
+One ``apply`` is one connection in interactive (``prompt``) mode, so every command's answer
+is read on its own:
+
+1. ``show stat <backend> 2 -1``: the backend exists and its ``algo`` is not ``static-rr``
+   (static-rr only accepts weights 0% and 100%; HAProxy answers every other weight with
+   "Backend is using a static LB algorithm");
+2. ``show servers state <backend>``: the weights in use now (column 8, ``srv_uweight``),
+   kept to restore on failure, and every planned server exists;
+3. one ``set server`` per DIP (integers from largest-remainder rounding, 0-256; weight 0 =
+   no new traffic; the largest weight is scaled to 256 for the finest split);
+4. ``show servers state <backend>`` again: every runtime weight equals what was sent;
+5. with ``state_file`` set, ``show servers state`` (all backends) is written atomically to
+   that file, so that a reload with ``server-state-file`` + ``load-server-state-from-file``
+   keeps the runtime weights (HAProxy itself never writes the file).
+
+If any step fails, the weights read in step 2 are sent back and ``apply`` returns
+``ok=False`` with the reason; an unreachable socket is a failed result, never an exception.
+
+How HAProxy's algorithms use these weights (see docs/adapters.md): ``roundrobin`` follows
+them exactly (smooth weighted round robin, dynamic); ``leastconn`` picks the lowest
+connections/weight, so weights only matter once requests overlap (at low concurrency every
+server has 0 connections and it degrades to round robin over the weighted tree);
+``random`` draws ``random(<n>)`` servers (2 by default) by weight and takes the least loaded,
+which pulls the split toward equal under load (use ``random(1)`` for a pure weighted draw);
+``static-rr`` is refused. Servers of the backend that are not in the plan are left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adapters.base import ApplyResult, CheckResult, quantise
+from knapsack_lb.errors import InvalidInputError, KnapsackLBError
+from knapsack_lb.model import WeightPlan
+from knapsack_lb.names import parse_address, validate_name
+
+MAX_WEIGHT = 256
+PROMPT = b"\n> "
+UWEIGHT_COLUMN = 7  # 0-based index of srv_uweight in `show servers state` (column 8)
+
+
+class HAProxyError(KnapsackLBError):
+    """The runtime API refused a command or could not be reached; the message says which."""
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """One row of ``show servers state``: the runtime (user) and configured weights."""
+
+    backend: str
+    server: str
+    runtime_weight: int
+    config_weight: int
+
+
+def parse_servers_state(text: str) -> list[ServerState]:
+    """Rows of ``show servers state`` (format version 1: ``be_id be_name srv_id srv_name
+    srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight ...``)."""
+    rows: list[ServerState] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or line == "1":
+            continue
+        parts = line.split()
+        if len(parts) < 9 or not parts[0].isdigit():
+            raise HAProxyError(f"unexpected line in 'show servers state': {line!r}")
+        rows.append(ServerState(parts[1], parts[3], int(parts[UWEIGHT_COLUMN]), int(parts[8])))
+    return rows
+
+
+def parse_backend_algo(text: str, backend: str) -> str | None:
+    """The ``algo`` field of ``backend``'s BACKEND row in ``show stat`` CSV, or None."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines or not lines[0].startswith("# "):
+        return None
+    header = lines[0][2:].split(",")
+    if "algo" not in header:
+        return None
+    index = header.index("algo")
+    for line in lines[1:]:
+        cells = line.split(",")
+        if len(cells) > index and cells[0] == backend and cells[1] == "BACKEND":
+            return cells[index]
+    return None
+
+
+def integer_weights(weights: Mapping[str, float], high: int = MAX_WEIGHT) -> tuple[dict[str, int], float]:
+    """Largest-remainder integers in ``[0, high]`` whose largest is ``high``-ish (finest
+    resolution), and the quantisation error (total variation distance to the plan)."""
+    top = max(weights.values())
+    total = max(1, int(high / top)) if top > 0 else high
+    q = quantise(weights, total, low=1, high=high)
+    return q.weights, q.error
+
+
+class RuntimeApi:
+    """One interactive connection to the HAProxy admin socket (``prompt`` mode)."""
+
+    def __init__(self, sock: socket.socket, timeout: float) -> None:
+        self._sock = sock
+        self._sock.settimeout(timeout)
+        self._buffer = b""
+        self.sent: list[str] = []
+
+    @classmethod
+    @contextlib.contextmanager
+    def connect(cls, endpoint: str | tuple[str, int], timeout: float) -> Iterator[RuntimeApi]:
+        try:
+            if isinstance(endpoint, str):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(timeout)
+                sock.connect(endpoint)
+            else:
+                sock = socket.create_connection(endpoint, timeout=timeout)
+        except OSError as exc:
+            raise HAProxyError(f"cannot reach the HAProxy admin socket {endpoint}: {exc}") from exc
+        api = cls(sock, timeout)
+        try:
+            api.command("prompt")
+            yield api
+        finally:
+            with contextlib.suppress(OSError):
+                sock.sendall(b"quit\n")
+            sock.close()
+
+    def command(self, line: str) -> str:
+        """Send one command (no ``;``, no newline: names were validated) and return its answer."""
+        if any(c in line for c in ";\n\r"):
+            raise HAProxyError(f"refusing to send a command containing ';' or a newline: {line!r}")
+        self.sent.append(line)
+        try:
+            self._sock.sendall(line.encode() + b"\n")
+            while PROMPT not in self._buffer:
+                chunk = self._sock.recv(65536)
+                if not chunk:
+                    raise HAProxyError(f"HAProxy closed the admin connection after {line!r}")
+                self._buffer += chunk
+        except OSError as exc:
+            raise HAProxyError(f"admin socket error after {line!r}: {exc}") from exc
+        answer, _, self._buffer = self._buffer.partition(PROMPT)
+        return answer.decode(errors="replace").strip("\n")
+
+
+@dataclass
+class HAProxyAdapter:
+    """Pushes a ``WeightPlan`` into one HAProxy backend (see the module docstring).
+
+    Settings (``adapter.settings`` of the VIP):
+
+    * ``socket`` (required): admin socket, an absolute UNIX path or ``host:port`` for TCP;
+    * ``backend`` (required): the backend name;
+    * ``servers``: DIP name -> server name (default: the server has the DIP's name);
+    * ``state_file``: where to dump ``show servers state`` after each apply (the file named
+      by ``server-state-file``; only when the adapter runs on HAProxy's host). Default none:
+      then the reload script must dump it (``echo "show servers state" | socat ...``);
+    * ``timeout``: seconds per socket operation (default 2.0).
+    """
+
+    socket_endpoint: str | tuple[str, int]
+    backend: str
+    servers: dict[str, str] = field(default_factory=dict)
+    state_file: Path | None = None
+    timeout: float = 2.0
+    last_error: str = ""
+
+    name = "haproxy"
+
+    @classmethod
+    def from_config(cls, raw: Mapping[str, Any]) -> HAProxyAdapter:
+        known = {"socket", "backend", "servers", "state_file", "timeout"}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise InvalidInputError("adapter.settings", unknown, f"unknown keys; known: {sorted(known)}")
+        endpoint = raw.get("socket")
+        if not isinstance(endpoint, str) or not endpoint:
+            raise InvalidInputError("adapter.settings.socket", endpoint, "required: a UNIX socket path or host:port")
+        parsed: str | tuple[str, int]
+        if endpoint.startswith("/"):
+            if "\x00" in endpoint or "\n" in endpoint:
+                raise InvalidInputError("adapter.settings.socket", endpoint, "must be a plain absolute path")
+            parsed = endpoint
+        else:
+            parsed = parse_address("adapter.settings.socket", endpoint)
+        backend = validate_name("adapter.settings.backend", raw.get("backend"))
+        servers_raw = raw.get("servers", {})
+        if not isinstance(servers_raw, Mapping):
+            raise InvalidInputError("adapter.settings.servers", servers_raw, "must map DIP name -> server name")
+        servers = {
+            validate_name("adapter.settings.servers (DIP)", dip): validate_name(
+                f"adapter.settings.servers.{dip}", server
+            )
+            for dip, server in servers_raw.items()
+        }
+        state_file = raw.get("state_file")
+        if state_file is not None and (not isinstance(state_file, str) or not os.path.isabs(state_file)):
+            raise InvalidInputError("adapter.settings.state_file", state_file, "must be an absolute path")
+        timeout = raw.get("timeout", 2.0)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 60:
+            raise InvalidInputError("adapter.settings.timeout", timeout, "must be seconds in (0, 60]")
+        return cls(parsed, backend, servers, Path(state_file) if state_file else None, float(timeout))
+
+    # --- names ------------------------------------------------------------------------
+
+    def server_of(self, dip: str) -> str:
+        validate_name("dip", dip)
+        return self.servers.get(dip, dip)
+
+    def dip_of(self, server: str) -> str:
+        for dip, name in self.servers.items():
+            if name == server:
+                return dip
+        return server
+
+    # --- protocol -----------------------------------------------------------------------
+
+    def apply(self, plan: WeightPlan) -> ApplyResult:
+        started = time.perf_counter()
+        try:
+            targets_by_dip, error = integer_weights(plan.weights)
+            targets = {self.server_of(dip): w for dip, w in targets_by_dip.items()}
+        except InvalidInputError as exc:
+            return self._failed(started, f"plan refused before anything was sent: {exc}")
+        try:
+            with RuntimeApi.connect(self.socket_endpoint, self.timeout) as api:
+                self._refuse_static(api)
+                previous = self._weights(api)
+                missing = sorted(set(targets) - set(previous))
+                if missing:
+                    raise HAProxyError(
+                        f"backend {self.backend!r} has no server(s) {missing}; it has {sorted(previous)}"
+                    )
+                changed: list[str] = []
+                try:
+                    for server, weight in sorted(targets.items()):
+                        changed.append(server)
+                        self._set_weight(api, server, weight)
+                    now = self._weights(api)
+                    wrong = {s: (now.get(s), w) for s, w in targets.items() if now.get(s) != w}
+                    if wrong:
+                        raise HAProxyError(f"verification failed (server: (runtime, sent)): {wrong}")
+                    if self.state_file is not None:
+                        self._dump_state(api)
+                except HAProxyError as exc:
+                    restore_note = self._restore(api, {s: previous[s] for s in changed})
+                    raise HAProxyError(f"{exc}; {restore_note}") from exc
+        except HAProxyError as exc:
+            return self._failed(started, str(exc))
+        self.last_error = ""
+        return ApplyResult(
+            ok=True,
+            adapter=self.name,
+            lb_weights=targets_by_dip,
+            quantisation_error=error,
+            seconds=time.perf_counter() - started,
+        )
+
+    def read(self) -> dict[str, float]:
+        """Runtime weights as fractions (DIP names). ``{}`` if HAProxy cannot be read (the
+        reason is in ``last_error``): never raises, so a controller's verify step just sees
+        a mismatch and re-applies."""
+        try:
+            with RuntimeApi.connect(self.socket_endpoint, self.timeout) as api:
+                weights = self._weights(api)
+        except HAProxyError as exc:
+            self.last_error = str(exc)
+            return {}
+        total = sum(weights.values())
+        return {self.dip_of(s): (w / total if total else 0.0) for s, w in weights.items()}
+
+    def read_integers(self) -> dict[str, int]:
+        """Runtime integer weights by DIP name (raises :class:`HAProxyError`)."""
+        with RuntimeApi.connect(self.socket_endpoint, self.timeout) as api:
+            return {self.dip_of(s): w for s, w in self._weights(api).items()}
+
+    def check(self) -> CheckResult:
+        try:
+            with RuntimeApi.connect(self.socket_endpoint, self.timeout) as api:
+                algo = self._refuse_static(api)
+                weights = self._weights(api)
+        except HAProxyError as exc:
+            return CheckResult(ok=False, adapter=self.name, detail=str(exc))
+        return CheckResult(
+            ok=True, adapter=self.name, detail=f"backend {self.backend!r} balance {algo}, runtime weights {weights}"
+        )
+
+    def save_state(self) -> None:
+        """Write ``show servers state`` to ``state_file`` now (e.g. right before a reload)."""
+        if self.state_file is None:
+            raise HAProxyError("no state_file configured")
+        with RuntimeApi.connect(self.socket_endpoint, self.timeout) as api:
+            self._dump_state(api)
+
+    # --- steps ----------------------------------------------------------------------------
+
+    def _refuse_static(self, api: RuntimeApi) -> str:
+        algo = parse_backend_algo(api.command(f"show stat {self.backend} 2 -1"), self.backend)
+        if algo is None:
+            raise HAProxyError(f"HAProxy has no backend {self.backend!r} (show stat found no BACKEND row)")
+        if algo == "static-rr":
+            raise HAProxyError(
+                f"backend {self.backend!r} uses 'balance static-rr', which fixes weights at startup and only "
+                "accepts 0% or 100% at runtime; use 'balance roundrobin' (or leastconn) for KnapsackLB weights"
+            )
+        return algo
+
+    def _weights(self, api: RuntimeApi) -> dict[str, int]:
+        answer = api.command(f"show servers state {self.backend}")
+        if not answer.startswith("1"):
+            raise HAProxyError(f"'show servers state {self.backend}' failed: {answer.strip()!r}")
+        return {row.server: row.runtime_weight for row in parse_servers_state(answer) if row.backend == self.backend}
+
+    def _set_weight(self, api: RuntimeApi, server: str, weight: int) -> None:
+        answer = api.command(f"set server {self.backend}/{validate_name('server', server)} weight {int(weight)}")
+        if answer.strip():
+            raise HAProxyError(f"HAProxy refused weight {weight} for {self.backend}/{server}: {answer.strip()}")
+
+    def _restore(self, api: RuntimeApi, previous: Mapping[str, int]) -> str:
+        problems: list[str] = []
+        for server, weight in sorted(previous.items()):
+            try:
+                self._set_weight(api, server, weight)
+            except HAProxyError as exc:
+                problems.append(str(exc))
+        if problems:
+            return f"restoring the previous weights also failed: {problems}"
+        return f"previous weights restored: {dict(previous)}"
+
+    def _dump_state(self, api: RuntimeApi) -> None:
+        assert self.state_file is not None
+        answer = api.command("show servers state")
+        if not answer.startswith("1"):
+            raise HAProxyError(f"'show servers state' failed: {answer.strip()!r}")
+        directory = self.state_file.parent
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".klb-state-", dir=directory)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(answer.rstrip("\n") + "\n")
+            os.replace(tmp, self.state_file)
+        except OSError as exc:
+            raise HAProxyError(f"cannot write the server state file {self.state_file}: {exc}") from exc
+
+    def _failed(self, started: float, reason: str) -> ApplyResult:
+        self.last_error = reason
+        return ApplyResult(ok=False, adapter=self.name, seconds=time.perf_counter() - started, reason=reason)

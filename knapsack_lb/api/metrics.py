@@ -1,0 +1,148 @@
+"""``/metrics``: Prometheus metrics built from the latency store on every scrape.
+
+Nothing is counted in the API process itself: probes and controllers may run elsewhere
+(``klb probe`` / ``klb controller`` scale out), so the store is the only place that knows
+the weights, probe latencies, solve times and apply failures. A scrape reads one snapshot
+per VIP (:func:`gather`), then a custom collector (:class:`StoreCollector`) turns it into
+metric families in a registry of its own, so no state leaks between scrapes.
+
+Metrics (labels ``vip`` and, where it applies, ``dip``):
+
+* ``klb_dip_weight`` - weight of the DIP in the current plan (fraction)
+* ``klb_dip_predicted_latency_seconds`` - latency the DIP's curve predicts at that weight
+* ``klb_probe_latency_seconds`` - mean success latency of the DIP's latest probe round
+* ``klb_probe_requests`` / ``klb_probe_errors`` / ``klb_probe_timeouts`` - of that round
+* ``klb_probe_age_seconds`` - age of that round (wall clock)
+* ``klb_plan_version``, ``klb_plan_solve_seconds``, ``klb_plan_age_seconds`` - per VIP
+* ``klb_apply_failures_total`` - failed pushes to the LB, as the controller counts them
+* ``klb_vip_paused``, ``klb_vip_dry_run`` - operator overrides (0/1)
+* ``klb_store_up`` - 1 when the store answered
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from knapsack_lb.store import LatencyStore, VipSnapshot
+
+APPLY_FAILURE_KEYS = ("apply_failures", "apply_failures_total")
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """What one scrape read from the store."""
+
+    store_up: bool
+    now: float
+    vips: Mapping[str, VipSnapshot] = field(default_factory=dict)
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def apply_failures(state: Mapping[str, Any] | None) -> float | None:
+    """Apply failures the controller recorded in its state for a VIP (first known key), if any."""
+    if not state:
+        return None
+    for key in APPLY_FAILURE_KEYS:
+        value = _number(state.get(key))
+        if value is not None:
+            return value
+    return None
+
+
+async def gather(store: LatencyStore, now: float) -> MetricsSnapshot:
+    """One snapshot per VIP; a store that fails gives ``store_up`` 0 and no other metric."""
+    try:
+        names = await store.list_vips()
+        vips = {name: await store.snapshot(name) for name in names}
+    except Exception:  # a scrape reports the outage instead of failing
+        return MetricsSnapshot(store_up=False, now=now)
+    return MetricsSnapshot(store_up=True, now=now, vips=vips)
+
+
+class StoreCollector(Collector):
+    """Turns a :class:`MetricsSnapshot` into Prometheus metric families."""
+
+    def __init__(self, snapshot: MetricsSnapshot) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot
+        up = GaugeMetricFamily("klb_store_up", "1 when the latency store answered this scrape.")
+        up.add_metric([], 1.0 if snap.store_up else 0.0)
+        yield up
+        if not snap.store_up:
+            return
+        g: dict[str, GaugeMetricFamily] = {}
+
+        def gauge(name: str, doc: str, labels: list[str]) -> Callable[[list[str], float | None], None]:
+            family = g.setdefault(name, GaugeMetricFamily(name, doc, labels=labels))
+
+            def add(values: list[str], value: float | None) -> None:
+                if value is not None:
+                    family.add_metric(values, value)
+
+            return add
+
+        weight = gauge("klb_dip_weight", "Weight of the DIP in the current plan (fraction).", ["vip", "dip"])
+        predicted = gauge(
+            "klb_dip_predicted_latency_seconds", "Latency the DIP's curve predicts at its weight.", ["vip", "dip"]
+        )
+        probe_lat = gauge(
+            "klb_probe_latency_seconds", "Mean success latency of the DIP's latest probe round.", ["vip", "dip"]
+        )
+        probe_sent = gauge("klb_probe_requests", "Requests sent in the DIP's latest probe round.", ["vip", "dip"])
+        probe_err = gauge("klb_probe_errors", "Errors in the DIP's latest probe round.", ["vip", "dip"])
+        probe_to = gauge("klb_probe_timeouts", "Timeouts in the DIP's latest probe round.", ["vip", "dip"])
+        probe_age = gauge("klb_probe_age_seconds", "Age of the DIP's latest probe round.", ["vip", "dip"])
+        version = gauge("klb_plan_version", "Version of the VIP's current plan.", ["vip"])
+        solve = gauge("klb_plan_solve_seconds", "Solver time of the VIP's current plan.", ["vip"])
+        age = gauge("klb_plan_age_seconds", "Seconds since the VIP's current plan was computed.", ["vip"])
+        paused = gauge("klb_vip_paused", "1 when the VIP is paused by an operator.", ["vip"])
+        dry = gauge("klb_vip_dry_run", "1 when the VIP's plans are not pushed (dry run).", ["vip"])
+        failures = CounterMetricFamily(
+            "klb_apply_failures", "Failed pushes of a plan to the load balancer.", labels=["vip"]
+        )
+        for vip, vs in sorted(snap.vips.items()):
+            if vs.config is not None:
+                paused([vip], 1.0 if vs.config.paused else 0.0)
+                dry([vip], 1.0 if vs.config.dry_run else 0.0)
+            plan = vs.current_plan
+            if plan is not None:
+                for dip, w in sorted(plan.weights.items()):
+                    weight([vip, dip], _number(w))
+                    predicted([vip, dip], _number(plan.predicted_latency.get(dip)))
+                version([vip], float(plan.version))
+                solve([vip], _number(plan.solve_seconds))
+                if plan.computed_at > 0:
+                    age([vip], max(0.0, snap.now - plan.computed_at))
+            for dip, m in sorted(vs.latest.items()):
+                probe_lat([vip, dip], _number(m.latency_mean))
+                probe_sent([vip, dip], float(m.sent))
+                probe_err([vip, dip], float(m.errors))
+                probe_to([vip, dip], float(m.timeouts))
+                probe_age([vip, dip], max(0.0, snap.now - m.time))
+            count = apply_failures(vs.controller_state)
+            if count is not None:
+                failures.add_metric([vip], count)
+        yield from g.values()
+        yield failures
+
+
+def render(snapshot: MetricsSnapshot) -> bytes:
+    """The Prometheus text exposition of one snapshot."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(snapshot))
+    return generate_latest(registry)

@@ -1,0 +1,1 @@
+"""The ``klb`` command line (typer). Each concept registers its own commands."""

@@ -1,0 +1,54 @@
+"""`klb demo` (issue #6, the project's main job): KnapsackLB against HAProxy on a live loopback testbed.
+
+See knapsack_lb/demo/ and docs/demo.md. ``make demo`` runs ``klb demo $(ARGS)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer, bench_app: typer.Typer) -> None:
+    """Add this module's commands to ``app`` and its benchmarks to ``bench_app``."""
+
+    @app.command("demo")
+    def demo(
+        quick: Annotated[bool, typer.Option("--quick", help="Short phases (20 s), shorter learning.")] = False,
+        out: Annotated[Path, typer.Option("--out", help="Directory for report.json, demo.png and logs.")] = Path(
+            "demo-out"),
+        phase_seconds: Annotated[float | None, typer.Option(
+            "--phase-seconds", help="Counted seconds per phase (default 60, quick 20).")] = None,
+        seed: Annotated[int, typer.Option("--seed", help="Seed of arrivals, lifetimes and service times.")] = 1,
+    ) -> None:
+        """Run the live demo: HAProxy roundrobin, leastconn, KnapsackLB weights (layer 4), then HTTP leastconn
+        with the learned weights; print a comparison and write OUT/report.json and OUT/demo.png."""
+        from rich.console import Console
+
+        from knapsack_lb.demo.runner import DemoAborted, run
+        from knapsack_lb.demo.settings import DemoSettings
+        from knapsack_lb.errors import InvalidInputError
+        from knapsack_lb.logging_setup import configure_logging
+
+        console = Console()
+        if not console.is_terminal:  # a log or CI: no terminal width to fit, keep the table readable
+            console = Console(width=130)
+        configure_logging("WARNING")
+        try:
+            settings = DemoSettings.quick_preset(seed=seed) if quick else DemoSettings(seed=seed)
+            if phase_seconds is not None:
+                settings = replace(settings, phase_seconds=phase_seconds)
+        except InvalidInputError as exc:
+            console.print(f"[red]invalid option[/red]: {exc}")
+            raise typer.Exit(2) from None
+        try:
+            run(settings, out, console)
+        except (DemoAborted, KeyboardInterrupt) as exc:
+            console.print(f"[red]demo aborted[/red]: {exc}")
+            raise typer.Exit(1) from None
+        except FileNotFoundError as exc:  # a missing binary (haproxy, redis-server)
+            console.print(f"[red]missing dependency[/red]: {exc}")
+            raise typer.Exit(2) from None

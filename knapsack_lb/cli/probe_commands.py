@@ -1,0 +1,110 @@
+"""`klb probe` (run a probe worker, the paper's KLM) and `klb bench probes` (issue #3).
+
+``klb probe --redis URL --worker-id ID [--vip NAME ...]`` reads the VIP configurations
+from the latency store and probes the DIPs it leases until interrupted (or ``--duration``
+seconds). Options are named so that a ``--config FILE`` can be added later with the same
+meaning (the file's ``redis.url``/``redis.namespace``/``probes.*`` fields).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from knapsack_lb.errors import InvalidInputError
+
+
+def _run_worker(redis: str, namespace: str, worker_id: str | None, vips: list[str], max_buffered_rounds: int,
+                lease_ttl: float | None, max_concurrency: int, duration: float | None) -> int:
+    from knapsack_lb.config import ProbeWorkerSettings
+    from knapsack_lb.store_redis import RedisLatencyStore
+    from probes.worker import ProbeWorker, ProbeWorkerOptions
+
+    worker = ProbeWorkerSettings(worker_id=worker_id).resolved_worker_id()
+    options = ProbeWorkerOptions(worker_id=worker, vips=tuple(vips), max_buffered_rounds=max_buffered_rounds,
+                                 lease_ttl=lease_ttl, max_concurrency=max_concurrency)
+    store = RedisLatencyStore.from_url(redis, namespace=namespace)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await ProbeWorker(store, options).run(stop, duration=duration)
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+    return 0
+
+
+def register(app: typer.Typer, bench_app: typer.Typer) -> None:
+    """Add this module's commands to ``app`` and its benchmarks to ``bench_app``."""
+
+    @app.command("probe")
+    def probe(
+        config: Annotated[Path | None, typer.Option(
+            "--config", "-c", help="YAML configuration file: run its probe worker (other options ignored).")
+        ] = None,
+        redis: Annotated[str, typer.Option(help="Redis URL of the latency store.")] = "redis://127.0.0.1:6379/0",
+        namespace: Annotated[str, typer.Option(help="Key namespace in Redis.")] = "klb",
+        worker_id: Annotated[str | None, typer.Option(help="Worker identity (default <hostname>-<pid>).")] = None,
+        vip: Annotated[list[str] | None, typer.Option(help="Probe only this VIP (repeatable; default all).")] = None,
+        max_buffered_rounds: Annotated[int, typer.Option(help="Rounds held while Redis is down.")] = 1000,
+        lease_ttl: Annotated[float | None, typer.Option(help="DIP lease TTL, s (default 0.5 x interval).")] = None,
+        max_concurrency: Annotated[int, typer.Option(help="DIPs probed at once.")] = 256,
+        duration: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
+        log_format: Annotated[str, typer.Option(help="text or json.")] = "text",
+        log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+    ) -> None:
+        """Run a probe worker (KLM): measure the DIPs of the VIPs in the store and write rounds to it."""
+        if config is not None:
+            from knapsack_lb.cli.service_commands import run_services
+
+            raise typer.Exit(run_services(config, probes=True, controller=False, api=False))
+        from knapsack_lb.logging_setup import configure_logging
+
+        configure_logging(log_level, json_lines=log_format == "json")
+        try:
+            code = _run_worker(redis, namespace, worker_id, vip or [], max_buffered_rounds, lease_ttl,
+                               max_concurrency, duration)
+        except (InvalidInputError, ValueError) as bad:
+            typer.echo(f"klb probe: {bad}", err=True)
+            raise typer.Exit(2) from None
+        raise typer.Exit(code)
+
+    @bench_app.command("probes")
+    def bench_probes(
+        dips: Annotated[int, typer.Option(help="Emulated DIPs.")] = 20,
+        seconds: Annotated[float, typer.Option(help="Seconds per phase (throughput; 2 ms; 20 ms).")] = 10.0,
+        requests_per_round: Annotated[int, typer.Option(help="Probe requests per DIP per round.")] = 100,
+        json_output: Annotated[bool, typer.Option("--json", help="One-line JSON (default: indented JSON).")] = False,
+    ) -> None:
+        """Probe requests per CPU-second and probe latency error against emulated DIPs (prints JSON)."""
+        from rich.console import Console
+        from rich.progress import Progress
+
+        from probes.bench import run_probe_benchmark
+
+        phases = 3
+        with Progress(console=Console(stderr=True), transient=True) as progress:
+            task = progress.add_task("probe benchmark", total=phases)
+
+            def on_phase(description: str) -> None:
+                done = progress.tasks[0].description != "probe benchmark"
+                progress.update(task, description=description, advance=1 if done else 0)
+
+            try:
+                result = run_probe_benchmark(dips=dips, seconds=seconds, requests_per_round=requests_per_round,
+                                             on_phase=on_phase)
+            except ValueError as bad:
+                progress.stop()
+                typer.echo(f"klb bench probes: {bad}", err=True)
+                raise typer.Exit(2) from None
+        typer.echo(json.dumps(result, indent=None if json_output else 2))

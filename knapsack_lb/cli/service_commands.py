@@ -1,0 +1,216 @@
+"""`klb run`, `klb api`, `klb check` and `klb config-reference` (issue #6: the services).
+
+``run`` starts probes, controller and admin API in one process; ``api`` only the API;
+``check`` validates a configuration and the reachability of Redis, every DIP's probe URL
+and each VIP's load balancer (``adapter.check()``) without changing anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from knapsack_lb.config import ConfigError, KlbConfig, load_config, reference_markdown, require_safe_listen
+from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.logging_setup import configure_logging
+
+ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="YAML configuration file.")]
+
+
+def _load(path: Path) -> KlbConfig:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        Console(stderr=True).print(f"[red]configuration error[/red]: {exc}")
+        raise typer.Exit(2) from None
+
+
+def _token(config: KlbConfig) -> str | None:
+    try:
+        token = config.api.resolve_token()
+        if config.api.enabled:
+            require_safe_listen(config.api.host, token)
+        return token
+    except InvalidInputError as exc:
+        Console(stderr=True).print(f"[red]configuration error[/red]: {exc}")
+        raise typer.Exit(2) from None
+
+
+@dataclass(frozen=True)
+class CheckItem:
+    """One line of ``klb check``."""
+
+    what: str
+    target: str
+    ok: bool
+    detail: str
+
+
+async def _check_redis(config: KlbConfig) -> CheckItem:
+    from knapsack_lb.service import open_store
+
+    try:
+        store = open_store(config.redis)
+    except Exception as exc:  # an unusable URL is reported, not raised
+        return CheckItem("redis", config.redis.url, False, f"cannot create a client: {exc}")
+    try:
+        ok = bool(await asyncio.wait_for(store.ping(), timeout=3.0))
+        vips = await store.list_vips() if ok else []
+        detail = f"ping ok; {len(vips)} VIP(s) stored" if ok else "ping failed"
+        return CheckItem("redis", config.redis.url, ok, detail)
+    except Exception as exc:
+        return CheckItem("redis", config.redis.url, False, f"unreachable: {type(exc).__name__}: {exc}")
+    finally:
+        with contextlib.suppress(Exception):  # closing a never-connected client may fail
+            await store.close()
+
+
+async def _check_dips(config: KlbConfig) -> list[CheckItem]:
+    items: list[CheckItem] = []
+    async with httpx.AsyncClient(follow_redirects=False) as client:
+
+        async def one(vip_name: str, dip_name: str, url: str, method: str, headers: dict[str, str],
+                      expected: int, timeout: float) -> CheckItem:
+            what = f"dip {vip_name}/{dip_name}"
+            try:
+                response = await client.request(method, url, headers=headers, timeout=max(timeout, 0.5))
+            except httpx.HTTPError as exc:
+                return CheckItem(what, url, False, f"{type(exc).__name__}: {exc or 'no answer'}")
+            ok = response.status_code == expected
+            detail = f"HTTP {response.status_code}" + ("" if ok else f", expected {expected}")
+            return CheckItem(what, url, ok, detail)
+
+        jobs = []
+        for vip in config.vips:
+            for dip in vip.dips:
+                host, port = dip.host_port
+                netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                url = f"http://{netloc}{vip.probe.path}"
+                jobs.append(one(vip.name, dip.name, url, vip.probe.method, dict(vip.probe.headers),
+                                vip.probe.expected_status, vip.probe.timeout))
+        items.extend(await asyncio.gather(*jobs))
+    return items
+
+
+async def _check_adapters(config: KlbConfig) -> list[CheckItem]:
+    from adapters.base import make_adapter
+
+    items = []
+    for vip in config.vips:
+        what = f"lb {vip.name}"
+        try:
+            adapter = make_adapter(vip.adapter.name, vip.adapter.settings)
+            result = await asyncio.wait_for(asyncio.to_thread(adapter.check), timeout=15.0)
+            detail = result.detail or ("ok" if result.ok else "check failed")
+            items.append(CheckItem(what, vip.adapter.name, bool(result.ok), detail))
+        except InvalidInputError as exc:
+            items.append(CheckItem(what, vip.adapter.name, False, str(exc)))
+        except Exception as exc:
+            items.append(CheckItem(what, vip.adapter.name, False, f"{type(exc).__name__}: {exc}"))
+    return items
+
+
+async def run_checks(config: KlbConfig) -> list[CheckItem]:
+    """Every check of ``klb check``; nothing is changed anywhere."""
+    items = [CheckItem("config", f"{len(config.vips)} VIP(s)", True, "valid")]
+    try:
+        token = config.api.resolve_token()
+        require_safe_listen(config.api.host, token)
+        items.append(CheckItem("api", f"{config.api.host}:{config.api.port}", True,
+                               "token configured" if token else "no token: read-only API on loopback"))
+    except InvalidInputError as exc:
+        items.append(CheckItem("api", f"{config.api.host}:{config.api.port}", False, str(exc)))
+    redis_item, dips, lbs = await asyncio.gather(_check_redis(config), _check_dips(config), _check_adapters(config))
+    return [*items, redis_item, *dips, *lbs]
+
+
+def run_services(config: Path, *, probes: bool, controller: bool, api: bool) -> int:
+    """Run the chosen components of ``config`` in one process until SIGTERM/SIGINT; the exit code.
+
+    ``klb run`` runs all three; ``klb probe --config`` and ``klb controller --config`` run one.
+    """
+    from knapsack_lb.service import ServiceRunner, api_component, controller_component, probe_component
+
+    cfg = _load(config)
+    configure_logging(cfg.logging.level, cfg.logging.json_lines)
+    components = []
+    if cfg.probes.enabled and probes:
+        components.append(probe_component(cfg))
+    if controller:
+        components.append(controller_component(cfg))
+    if cfg.api.enabled and api:
+        components.append(api_component(cfg, _token(cfg)))
+    if not components:
+        Console(stderr=True).print("[red]nothing to run[/red]: every component is disabled")
+        return 2
+    return asyncio.run(ServiceRunner(cfg, components).run())
+
+
+def register(app: typer.Typer, bench_app: typer.Typer) -> None:
+    """Add this module's commands to ``app`` and its benchmarks to ``bench_app``."""
+
+    @app.command("run")
+    def run_command(
+        config: ConfigOption,
+        no_probes: Annotated[bool, typer.Option("--no-probes", help="Do not run a probe worker.")] = False,
+        no_controller: Annotated[bool, typer.Option("--no-controller", help="Do not run the controller.")] = False,
+        no_api: Annotated[bool, typer.Option("--no-api", help="Do not serve the admin API.")] = False,
+    ) -> None:
+        """Run probes, controller and admin API in one process until SIGTERM/SIGINT."""
+        raise typer.Exit(run_services(config, probes=not no_probes, controller=not no_controller, api=not no_api))
+
+    @app.command("api")
+    def api_command(config: ConfigOption) -> None:
+        """Serve only the admin API (and dashboard) until SIGTERM/SIGINT."""
+        from knapsack_lb.service import ServiceRunner, api_component
+
+        cfg = _load(config)
+        configure_logging(cfg.logging.level, cfg.logging.json_lines)
+        raise typer.Exit(asyncio.run(ServiceRunner(cfg, [api_component(cfg, _token(cfg))]).run()))
+
+    @app.command("check")
+    def check_command(
+        config: ConfigOption,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    ) -> None:
+        """Validate a configuration and the reachability of Redis, every DIP and each LB; change nothing.
+
+        Exit code 0 when everything is fine, 1 when something is unreachable, 2 when the file is invalid.
+        """
+        cfg = _load(config)
+        items = asyncio.run(run_checks(cfg))
+        failed = [i for i in items if not i.ok]
+        if as_json:
+            print(json.dumps({"ok": not failed, "checks": [asdict(i) for i in items]}, indent=2))
+        else:
+            table = Table(title=f"klb check {config}")
+            for column in ("check", "target", "result", "detail"):
+                table.add_column(column)
+            for item in items:
+                table.add_row(item.what, item.target, "[green]ok[/green]" if item.ok else "[red]FAIL[/red]",
+                              item.detail)
+            console = Console()
+            console.print(table)
+            console.print(f"{len(failed)} problem(s)" if failed else "all checks passed")
+        raise typer.Exit(1 if failed else 0)
+
+    @app.command("config-reference")
+    def config_reference(
+        output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")] = None,
+    ) -> None:
+        """Print the configuration reference (docs/configuration.md) generated from the models."""
+        text = reference_markdown()
+        if output is None:
+            sys.stdout.write(text)
+        else:
+            output.write_text(text)

@@ -1,0 +1,77 @@
+"""Time, injected: the only module that reads the wall clock.
+
+``SystemClock`` is for real runs, ``FakeClock`` for tests (time moves only when told),
+and the simulator drives a ``SimClock`` from its event loop. Everything else takes a
+``Clock`` (or a plain ``now`` argument) so that runs are reproducible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """Seconds as a float on a monotonic time line, and a way to wait on it."""
+
+    def now(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    """Real time: ``time.monotonic()`` for intervals; ``wall()`` for timestamps people read."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+
+class FakeClock:
+    """Virtual time for tests: ``sleep`` returns at once after moving time forward."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = start
+
+    def now(self) -> float:
+        return self._now
+
+    def wall(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"cannot move a clock backwards (advance by {seconds!r})")
+        self._now += seconds
+
+    async def sleep(self, seconds: float) -> None:
+        self.advance(max(0.0, seconds))
+        await asyncio.sleep(0)
+
+
+class SimClock:
+    """A clock read from a discrete-event engine (``now_fn`` is e.g. ``lambda: env.now``).
+
+    Processes in the simulator wait with the engine's own timeouts; ``sleep`` is not
+    meaningful there and raises so that a misuse is loud.
+    """
+
+    def __init__(self, now_fn: Callable[[], float]) -> None:
+        self._now_fn = now_fn
+
+    def now(self) -> float:
+        return float(self._now_fn())
+
+    def wall(self) -> float:
+        return self.now()
+
+    async def sleep(self, seconds: float) -> None:
+        raise RuntimeError("SimClock cannot sleep: schedule a simulator timeout instead")

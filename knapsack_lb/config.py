@@ -1,0 +1,354 @@
+"""The one configuration file of a knapsack-lb deployment (YAML, validated with pydantic).
+
+One file describes the latency store (Redis), the VIPs with their DIPs, probe URL and
+adapter (:class:`knapsack_lb.model.VipConfig`, reused as is), the controller's knobs
+(:class:`knapsack_lb.controller_settings.ControllerSettings`), the probe workers, the admin
+API and logging. Every field carries its unit and default in its description;
+``docs/configuration.md`` is generated from these models by :func:`reference_markdown`
+(``klb config-reference``) and a test keeps the two in step.
+
+The file is the *initial* source of VIPs: at start-up, VIPs missing from the store are
+created from it; VIPs already in the store keep the state the admin API gave them (pins,
+drains, added DIPs ...) unless ``vip_source: config`` says the file wins. So a restart
+loses no operator change (KnapsackLB section 5: the store is the single source of truth).
+
+Errors name the field and the value (:class:`ConfigError`), e.g.
+``field 'vips.0.dips.1.address': ...``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import types
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from knapsack_lb.controller_settings import ControllerSettings
+from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.model import VipConfig
+from knapsack_lb.names import validate_host, validate_name
+
+DEFAULT_TOKEN_ENV = "KLB_API_TOKEN"
+
+
+class ConfigError(InvalidInputError):
+    """A configuration file that cannot be used; ``field`` is the dotted path of the bad field."""
+
+
+class RedisSettings(BaseModel):
+    """Where the latency store lives and how much history it keeps (KnapsackLB section 5)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis URL (redis://host:port/db or rediss:// for TLS). Default redis://127.0.0.1:6379/0.",
+    )
+    namespace: str = Field(
+        "klb", description="Key prefix; keys are '<namespace>:{<vip>}:...'. Two deployments on one Redis need two "
+        "namespaces. Default klb."
+    )
+    measurement_retention_count: int = Field(
+        720, ge=1, le=1_000_000, description="Probe rounds kept per DIP (count). Default 720 (1 h at 5 s)."
+    )
+    measurement_retention_age: float = Field(
+        3600.0, gt=0, description="Probe rounds older than this are dropped (seconds). Default 3600."
+    )
+    plan_history: int = Field(
+        500, ge=1, le=1_000_000, description="Plans kept per VIP in the plan history (count). Default 500."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"must start with redis://, rediss:// or unix://, got {value!r}")
+        return value
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        return validate_name("redis.namespace", value)
+
+
+class ProbeWorkerSettings(BaseModel):
+    """The probe worker (the paper's KLM, section 5). Per-VIP probe URL, N and interval are in
+    each VIP's ``probe`` block; these are the worker's own settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(True, description="Run a probe worker inside `klb run` (bool). Default true.")
+    worker_id: str | None = Field(
+        None, description="Identity of this worker in leases and measurements (name). Default: '<hostname>-<pid>'."
+    )
+    max_buffered_rounds: int = Field(
+        1000, ge=1, le=1_000_000, description="Probe rounds held in memory while Redis is unreachable; the oldest "
+        "beyond this are dropped (count). Default 1000."
+    )
+    lease_ttl: float | None = Field(
+        None, gt=0, le=3600, description="Seconds a worker's lease on a DIP lasts without renewal; a dead worker's "
+        "DIPs are taken over after this (seconds). Default: half the shortest probe interval, so that a dead "
+        "worker's DIPs are taken over within two intervals."
+    )
+    max_concurrency: int = Field(
+        256, ge=1, le=100_000, description="DIPs probed at the same time by one worker (count). Default 256."
+    )
+
+    @field_validator("worker_id")
+    @classmethod
+    def _worker(cls, value: str | None) -> str | None:
+        return None if value is None else validate_name("probes.worker_id", value)
+
+    def resolved_worker_id(self) -> str:
+        """``worker_id``, or '<hostname>-<pid>' made a valid name."""
+        if self.worker_id:
+            return self.worker_id
+        host = "".join(c if c.isalnum() or c in "._-" else "-" for c in socket.gethostname())[:40] or "host"
+        return validate_name("probes.worker_id", f"{host.lstrip('._-') or 'host'}-{os.getpid()}")
+
+
+class ApiSettings(BaseModel):
+    """The admin API (FastAPI) and its dashboard."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(True, description="Serve the admin API inside `klb run` (bool). Default true.")
+    host: str = Field(
+        "127.0.0.1", description="Listen address (IP literal). A non-loopback address needs a token. Default 127.0.0.1."
+    )
+    port: int = Field(8080, ge=0, le=65535, description="Listen port (TCP; 0 = any free port). Default 8080.")
+    token: SecretStr | None = Field(
+        None, description="Bearer token for mutating calls (string). Prefer token_file or token_env. Default none."
+    )
+    token_file: Path | None = Field(
+        None, description="File whose first line is the bearer token (path). Default none."
+    )
+    token_env: str = Field(
+        DEFAULT_TOKEN_ENV, description="Environment variable read for the token when token and token_file are "
+        f"unset (name). Default {DEFAULT_TOKEN_ENV}."
+    )
+    history_limit: int = Field(
+        200, ge=1, le=10_000, description="Most plans / measurements one read returns (count). Default 200."
+    )
+    dashboard_refresh: float = Field(
+        5.0, ge=0, le=3600, description="Seconds between dashboard refreshes in the browser (0 = never). Default 5."
+    )
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"must be an IP address literal (e.g. 127.0.0.1 or ::1), got {value!r}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_token_source(self) -> ApiSettings:
+        if self.token is not None and self.token_file is not None:
+            raise ValueError("set api.token or api.token_file, not both")
+        return self
+
+    def resolve_token(self, environ: typing.Mapping[str, str] | None = None) -> str | None:
+        """The bearer token from ``token``, ``token_file`` or the ``token_env`` variable (in that order)."""
+        if self.token is not None:
+            text = self.token.get_secret_value().strip()
+        elif self.token_file is not None:
+            try:
+                text = self.token_file.read_text().splitlines()[0].strip() if self.token_file.exists() else ""
+            except (OSError, IndexError):
+                text = ""
+            if not text:
+                raise ConfigError("api.token_file", str(self.token_file), "is missing, unreadable or empty")
+        else:
+            text = (os.environ if environ is None else environ).get(self.token_env, "").strip()
+        if not text:
+            return None
+        if len(text) < 16 or any(c.isspace() for c in text):
+            raise ConfigError("api.token", "<hidden>", "must be at least 16 characters without whitespace")
+        return text
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8 and ::1."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def require_safe_listen(host: str, token: str | None) -> None:
+    """Refuse to serve the admin API on a non-loopback address without a token."""
+    validate_host("api.host", host)
+    if token is None and not is_loopback(host):
+        raise ConfigError(
+            "api.host", host, "listening on a non-loopback address needs a token (api.token, api.token_file or "
+            "the api.token_env variable)",
+        )
+
+
+class LoggingSettings(BaseModel):
+    """Structured logs on standard error."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True)
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Lowest level written (DEBUG, INFO, WARNING, ERROR). Default INFO."
+    )
+    json_lines: bool = Field(
+        False, alias="json", description="One JSON object per line instead of text (bool). Default false."
+    )
+
+
+class KlbConfig(BaseModel):
+    """The whole configuration file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    redis: RedisSettings = Field(default_factory=RedisSettings, description="The latency store.")
+    vips: tuple[VipConfig, ...] = Field(
+        default=(), description="VIPs with their DIPs, probe spec and adapter (see the VIP fields below)."
+    )
+    vip_source: Literal["store-first", "config"] = Field(
+        "store-first", description="At start-up: store-first creates VIPs missing from the store and keeps the "
+        "stored ones (admin API changes survive restarts); config overwrites stored VIPs with the file. Default "
+        "store-first."
+    )
+    controller: ControllerSettings = Field(default_factory=ControllerSettings, description="Controller knobs.")
+    probes: ProbeWorkerSettings = Field(default_factory=ProbeWorkerSettings, description="The probe worker.")
+    api: ApiSettings = Field(default_factory=ApiSettings, description="The admin API.")
+    logging: LoggingSettings = Field(default_factory=LoggingSettings, description="Logging.")
+
+    @model_validator(mode="after")
+    def _unique_vips(self) -> KlbConfig:
+        names = [v.name for v in self.vips]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"vips: duplicate VIP names {duplicates}")
+        return self
+
+
+def _error_path(error: Any) -> str:
+    return ".".join(str(part) for part in error["loc"]) or "<root>"
+
+
+def error_message(error: Any) -> str:
+    """A pydantic error's message without the 'Value error, ' prefix and without repeating the value."""
+    inner = (error.get("ctx") or {}).get("error")
+    if isinstance(inner, InvalidInputError):
+        return inner.problem
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
+def parse_config(raw: object, source: str = "<config>") -> KlbConfig:
+    """Validate already-parsed YAML; :class:`ConfigError` names the first bad field and value."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError("<root>", type(raw).__name__, f"{source}: must be a mapping of sections")
+    try:
+        return KlbConfig.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        others = len(exc.errors()) - 1
+        more = f" (and {others} more problem{'s' if others > 1 else ''})" if others else ""
+        raise ConfigError(_error_path(first), first.get("input"), f"{source}: {error_message(first)}{more}") from exc
+    except InvalidInputError as exc:  # raised by shared validators inside nested models
+        raise ConfigError(exc.field, exc.value, f"{source}: {exc.problem}") from exc
+
+
+def load_config(path: str | Path) -> KlbConfig:
+    """Read and validate a YAML configuration file."""
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise ConfigError("--config", str(file), f"cannot read the file: {exc.strerror}") from exc
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("--config", str(file), f"is not valid YAML: {exc}") from exc
+    return parse_config(raw, source=str(file))
+
+
+# --- reference documentation, generated from the models ---------------------------------
+
+
+def _unwrap(annotation: Any) -> list[Any]:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return [t for arg in typing.get_args(annotation) for t in _unwrap(arg)]
+    if origin in (tuple, list):
+        return [t for arg in typing.get_args(annotation) if arg is not Ellipsis for t in _unwrap(arg)]
+    return [annotation]
+
+
+def _type_name(annotation: Any) -> str:
+    text = str(annotation).replace("typing.", "").replace("pathlib.", "").replace("pydantic.types.", "")
+    for module in ("knapsack_lb.model.", "knapsack_lb.controller_settings.", "knapsack_lb.config."):
+        text = text.replace(module, "")
+    if isinstance(annotation, type):
+        text = annotation.__name__
+    return text.replace("<class '", "").replace("'>", "")
+
+
+def _default_text(info: Any) -> str:
+    if info.is_required():
+        return "required"
+    if info.default_factory is not None:
+        value = info.default_factory()
+        return "(see fields)" if isinstance(value, BaseModel) else repr(value)
+    value = info.default
+    if isinstance(value, BaseModel):
+        return "(see fields)"
+    return "none" if value is None else repr(value)
+
+
+def iter_fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
+    """(dotted path, type, default, description) of every field, nested models included;
+    list items are written ``path[]``."""
+    for name, info in model.model_fields.items():
+        key = info.alias or name
+        path = f"{prefix}{key}"
+        yield path, _type_name(info.annotation), _default_text(info), info.description or ""
+        for inner in _unwrap(info.annotation):
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                is_list = typing.get_origin(info.annotation) in (tuple, list)
+                yield from iter_fields(inner, f"{path}[]." if is_list else f"{path}.")
+
+
+def reference_markdown() -> str:
+    """docs/configuration.md: every field of :class:`KlbConfig` with type, default and meaning."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "<!-- generated by `klb config-reference` from knapsack_lb/config.py; do not edit by hand -->",
+        "",
+        "One YAML file (`klb run --config FILE`, `klb check --config FILE`); `examples/config.yaml` is a working",
+        "example. Times are in seconds, weights are fractions of a VIP's traffic in [0, 1]. Unknown keys are",
+        "errors; every error names the field (dotted path) and the value.",
+        "",
+        "At start-up, VIPs in the file that are missing from the store are created; VIPs already stored keep",
+        "the changes the admin API made (pins, drains, added DIPs, pause, dry run) unless `vip_source: config`.",
+        "The API token is never written into the file in production: use `api.token_file` or the environment",
+        "variable named by `api.token_env`.",
+        "",
+    ]
+    sections: dict[str, list[tuple[str, str, str, str]]] = {}
+    for path, type_name, default, description in iter_fields(KlbConfig):
+        top = path.split(".")[0].removesuffix("[]")
+        sections.setdefault(top, []).append((path, type_name, default, description))
+    for top, rows in sections.items():
+        lines += [f"## `{top}`", "", "| field | type | default | meaning |", "|---|---|---|---|"]
+        for path, type_name, default, description in rows:
+            cell = description.replace("|", "\\|")
+            lines.append(f"| `{path}` | `{type_name.replace('|', '&#124;')}` | `{default}` | {cell} |")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,296 @@
+"""Service dynamics: KnapsackLB section 4.5 (traffic, capacity, failures, refresh) and 4.7 (drain).
+
+**Shift and rescale** (section 4.5, our reconstruction of the lost formulas): a DIP had
+latency ``l`` at weight ``w`` on its curve; now it shows ``l'`` at the same ``w``. The
+curve reaches ``l'`` at ``w'`` (inverse of the curve); the factor ``k = w / w'`` multiplies
+every weight of the curve: ``l_new(x) = l_old(x / k)`` and ``w_max_new = k * w_max``. The
+paper's example: 5 ms at 0.5, now 7 ms at 0.5, the old curve reached 7 ms at 0.625, so
+``k = 0.5 / 0.625 = 0.8``. Under M/M/1 this is exact for a traffic change (a DIP's load is
+``w * Lambda``, so ``k = Lambda_old / Lambda_new``).
+
+* Traffic change: most DIPs' latency moved the same way at unchanged weights. We call it when
+  the median relative change over the judged DIPs exceeds ``traffic_change_threshold`` and
+  at least ``traffic_change_quorum`` of them moved the same way, for
+  ``change_confirmations`` rounds; every curve is then shifted by the *median* ``k`` (traffic
+  moves every DIP alike; the median is robust to the noise of one DIP).
+* Capacity change: one DIP's latency is off its curve's estimate by more than
+  ``capacity_change_threshold`` (paper: 20 %) for ``change_confirmations`` rounds, or at once
+  when its round is a drop (it is overloaded now); only that DIP's curve is rescaled.
+* Failures are handled by the controller (no successful probe: removed, re-solved).
+* Refresh: finished curves older than ``refresh_period`` are re-measured, at most
+  ``refresh_budget`` of the pool's estimated capacity (sum of ``w_max``) at once.
+* Drain time (section 4.7): :func:`estimate_drain_time` is the paper's measurement - after a
+  DIP's weight is cut to 0 at ``t1``, the time until its latency settles (``t2 - t1``).
+
+How it fails: with noisy probes (a 100-request mean has roughly 10 % noise) small changes are
+missed on purpose (thresholds, confirmations); a DIP whose latency is flat in its weight (a
+lightly loaded many-core DIP) gives an ill-conditioned inverse, so ``k`` is clamped to
+``[1/3, 3]``; one rescale is bounded to ``[0.5, 1.25]`` and a capacity *gain* is applied at
+half strength (``sqrt(k)``), so a noisy or biased estimate cannot push ``w_max`` far above
+the truth; a wrong correction is corrected again by the next deviation.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from knapsack_lb.controller_settings import ControllerSettings
+from knapsack_lb.curves import LatencyCurve, PiecewiseLinearCurve, QuadraticCurve, QueueingCurve
+from knapsack_lb.errors import InvalidInputError
+
+K_MIN, K_MAX = 1 / 3, 3.0  # bounds of one inverse-curve estimate
+K_EVENT_MIN, K_EVENT_MAX = 0.5, 1.25  # bounds of one rescale: a wrong estimate is corrected by the next event
+RECENT_ROUNDS = 3
+
+
+def scale_curve(curve: LatencyCurve, k: float) -> LatencyCurve:
+    """The curve with its weight axis multiplied by ``k``: ``l_new(w) = l_old(w / k)``."""
+    if not k > 0 or not math.isfinite(k):
+        raise InvalidInputError("k", k, "must be a finite number > 0")
+    if isinstance(curve, QuadraticCurve):
+        return QuadraticCurve(curve.a, curve.b / k, curve.c / (k * k))
+    if isinstance(curve, QueueingCurve):
+        return QueueingCurve(curve.a, curve.b * k, curve.c * k)
+    if isinstance(curve, PiecewiseLinearCurve):
+        return PiecewiseLinearCurve(tuple(w * k for w in curve.weights), curve.values)
+    raise InvalidInputError("curve.kind", curve.kind, "cannot scale this kind of curve")
+
+
+def weight_for_latency(curve: LatencyCurve, latency: float, hi: float) -> float | None:
+    """The smallest weight in ``[0, hi]`` where the (non-decreasing) curve reaches ``latency``."""
+    if curve.latency(0.0) >= latency:
+        return 0.0
+    top = curve.latency(hi)
+    if not math.isfinite(top):
+        top = math.inf
+    if top < latency:
+        return None
+    lo, up = 0.0, hi
+    for _ in range(60):
+        mid = (lo + up) / 2
+        if curve.latency(mid) >= latency:
+            up = mid
+        else:
+            lo = mid
+    return up
+
+
+def shift_factor(curve: LatencyCurve, weight: float, observed: float, w_max: float) -> float | None:
+    """Section 4.5's ``k = w / w'`` where the curve reaches ``observed`` at ``w'``; clamped."""
+    if weight <= 0 or not math.isfinite(observed):
+        return None
+    w_prime = weight_for_latency(curve, observed, hi=max(4 * w_max, 4 * weight))
+    if w_prime is None:
+        return K_MIN
+    if w_prime <= 0:
+        return K_MAX
+    return min(K_MAX, max(K_MIN, weight / w_prime))
+
+
+@dataclass
+class DipTrack:
+    """What the detector remembers about one DIP since its curve last changed: the
+    log-deviations ``log(observed / curve estimate)`` of its last rounds (at whatever weight:
+    each is relative to the curve at that round's weight) and how many rounds in a row their
+    mean was beyond the capacity threshold."""
+
+    deviations: list[float] = field(default_factory=list)
+    pending: int = 0
+
+    def reset(self) -> None:
+        self.deviations, self.pending = [], 0
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """One trusted probe round of a ready DIP, as the detector needs it."""
+
+    weight: float
+    latency: float
+    timeout_share: float
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Changes found in one round: a traffic shift factor and per-DIP capacity factors."""
+
+    traffic_factor: float | None = None
+    capacity: Mapping[str, float] = field(default_factory=dict)
+    observed: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+@dataclass
+class ChangeDetector:
+    """Detects traffic and capacity changes from trusted probe rounds (see the module docstring).
+
+    Both compare a DIP's observed latency with its curve's estimate at its current weight
+    (section 4.5: "observed latency differs from the estimated latency"). A traffic change
+    moves most DIPs the same way at once, so it is judged on the median over the pool in
+    each round; a capacity change is one DIP's own deviation, averaged over its last
+    ``RECENT_ROUNDS`` rounds so that probe noise does not trigger it. A round with timed-out
+    probes (overload) is acted on at once: the DIP's ``w_max`` is cut to what its share of
+    answered probes says it still serves. Fast errors are the circuit breaker's business.
+    """
+
+    settings: ControllerSettings
+    tracks: dict[str, DipTrack] = field(default_factory=dict)
+    traffic_pending: int = 0
+
+    def forget(self, dip: str) -> None:
+        self.tracks.pop(dip, None)
+
+    def reset(self, dip: str) -> None:
+        self.tracks.pop(dip, None)
+
+    def observe(
+        self, rounds: Mapping[str, RoundView], curves: Mapping[str, tuple[LatencyCurve, float]]
+    ) -> Verdict:
+        """``rounds``: this round's trusted rounds of ready DIPs; ``curves``: dip -> (curve, w_max)."""
+        s = self.settings
+        deviation: dict[str, float] = {}
+        for dip, view in rounds.items():
+            self.tracks.setdefault(dip, DipTrack())
+            curve, _ = curves[dip]
+            predicted = curve.latency(view.weight)
+            if view.weight > 0 and math.isfinite(view.latency) and view.latency > 0 and math.isfinite(predicted) \
+                    and predicted > 0 and view.timeout_share <= s.drop_failure_share:
+                deviation[dip] = math.log(view.latency / predicted)
+        notes: list[str] = []
+        # --- traffic: most DIPs off their curves the same way --------------------------------------
+        judged = len(deviation)
+        if judged >= 3 and judged >= 0.5 * len(rounds):
+            med = statistics.median(deviation.values())
+            same = sum(1 for x in deviation.values() if x * med > 0) / judged
+            if abs(med) > math.log1p(s.traffic_change_threshold) and same >= s.traffic_change_quorum:
+                self.traffic_pending += 1
+            else:
+                self.traffic_pending = 0
+            if self.traffic_pending >= s.change_confirmations:
+                self.traffic_pending = 0
+                factors = []
+                for dip in deviation:
+                    curve, w_max = curves[dip]
+                    weight = rounds[dip].weight
+                    k = shift_factor(curve, weight, rounds[dip].latency, w_max)
+                    if k is not None:
+                        factors.append(k)
+                if factors:
+                    k = min(K_EVENT_MAX, max(K_EVENT_MIN, statistics.median(factors)))
+                    notes.append(f"traffic change: median latency x{math.exp(med):.3f} against the curves on "
+                                 f"{judged} DIPs, {same:.0%} the same way; every curve shifted by k={k:.3f}")
+                    for dip in rounds:
+                        self.tracks[dip].reset()
+                    return Verdict(traffic_factor=k, notes=tuple(notes))
+        # --- capacity: one DIP off its curve ------------------------------------------------------
+        capacity: dict[str, float] = {}
+        observed_points: dict[str, tuple[float, float]] = {}
+        for dip, view in rounds.items():
+            if view.weight <= 0:
+                continue
+            curve, w_max = curves[dip]
+            track = self.tracks[dip]
+            if view.timeout_share > s.drop_failure_share:
+                served = view.weight * (1 - view.timeout_share)
+                k = min(1.0, max(K_EVENT_MIN, 0.9 * served / w_max)) if w_max > 0 else K_EVENT_MIN
+                if k < 1.0:
+                    capacity[dip] = k
+                    notes.append(f"capacity change on {dip}: {view.timeout_share:.0%} of probes timed out at weight "
+                                 f"{view.weight:.4f}; w_max cut, curve rescaled by k={k:.3f}")
+                track.reset()
+                continue
+            if dip not in deviation:
+                continue
+            track.deviations = [*track.deviations, deviation[dip]][-RECENT_ROUNDS:]
+            mean_dev = statistics.fmean(track.deviations)
+            if abs(mean_dev) > math.log1p(s.capacity_change_threshold):
+                track.pending += 1
+            else:
+                track.pending = 0
+            if track.pending >= s.change_confirmations:
+                observed = curve.latency(view.weight) * math.exp(mean_dev)
+                k = shift_factor(curve, view.weight, observed, w_max)
+                if k is not None:
+                    if k > 1:  # a gain is taken at half strength (geometric), a loss in full: safety first
+                        k = math.sqrt(k)
+                    k = min(K_EVENT_MAX, max(K_EVENT_MIN, k))
+                    capacity[dip] = k
+                    observed_points[dip] = (view.weight, observed)
+                    notes.append(f"capacity change on {dip}: latency {math.expm1(mean_dev):+.0%} against its curve "
+                                 f"at weight {view.weight:.4f} over {len(track.deviations)} rounds; curve rescaled "
+                                 f"by k={k:.3f}")
+                track.reset()
+        return Verdict(capacity=capacity, observed=observed_points, notes=tuple(notes))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "traffic_pending": self.traffic_pending,
+            "tracks": {d: {"deviations": t.deviations, "pending": t.pending}
+                       for d, t in self.tracks.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, settings: ControllerSettings, data: Mapping[str, Any]) -> ChangeDetector:
+        tracks = {
+            str(d): DipTrack([float(x) for x in t["deviations"]], int(t["pending"]))
+            for d, t in data.get("tracks", {}).items()
+        }
+        return cls(settings, tracks, int(data.get("traffic_pending", 0)))
+
+
+def refresh_candidates(
+    fitted_at: Mapping[str, float],
+    w_max: Mapping[str, float],
+    under_refresh: Sequence[str],
+    *,
+    now: float,
+    period: float,
+    budget: float,
+) -> list[str]:
+    """Curves due for refresh, oldest first, keeping refreshed capacity within ``budget`` (section 4.5).
+
+    Capacity is estimated by ``w_max``; at least one DIP may always refresh when none is, so
+    that a pool of a few large DIPs still gets refreshed.
+    """
+    if period <= 0:
+        return []
+    total = sum(w_max.values())
+    if total <= 0:
+        return []
+    used = sum(w_max.get(d, 0.0) for d in under_refresh)
+    chosen: list[str] = []
+    for dip in sorted((d for d in fitted_at if d not in under_refresh), key=lambda d: fitted_at[d]):
+        if now - fitted_at[dip] < period:
+            break
+        share = w_max.get(dip, 0.0)
+        if (used + share) / total <= budget or (not under_refresh and not chosen):
+            chosen.append(dip)
+            used += share
+    return chosen
+
+
+def estimate_drain_time(
+    switch_time: float, series: Sequence[tuple[float, float]], tolerance: float = 0.1
+) -> float | None:
+    """Section 4.7: after a DIP's weight went to 0 at ``switch_time`` (its latency high), the time
+    until the latency reaches its settled weight-0 value (``t2 - t1``).
+
+    ``series`` are ``(time, latency)`` probe rounds after the switch. The settled value is the
+    mean of the last two rounds; ``t2`` is the first round within ``tolerance`` of it. None
+    when fewer than three rounds or the latency has not settled (the last two differ).
+    """
+    points = sorted((t, latency) for t, latency in series if t >= switch_time and math.isfinite(latency))
+    if len(points) < 3:
+        return None
+    last, before = points[-1][1], points[-2][1]
+    settled = (last + before) / 2
+    if abs(last - before) > 2 * tolerance * settled:
+        return None
+    for t, latency in points:
+        if abs(latency - settled) <= tolerance * settled:
+            return t - switch_time
+    return None

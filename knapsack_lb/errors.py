@@ -1,0 +1,31 @@
+"""Errors that cross module boundaries.
+
+Every error names the thing that is wrong (DIP, field) and the value, so an operator
+can fix the input without reading the code.
+"""
+
+from __future__ import annotations
+
+
+class KnapsackLBError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class InvalidInputError(KnapsackLBError, ValueError):
+    """Malformed input: names the offending field (and DIP when there is one) and the value."""
+
+    def __init__(self, field: str, value: object, problem: str, dip: str | None = None) -> None:
+        self.field = field
+        self.value = value
+        self.problem = problem
+        self.dip = dip
+        where = f"DIP {dip!r}, field {field!r}" if dip is not None else f"field {field!r}"
+        super().__init__(f"{where}: {problem} (got {value!r})")
+
+
+class InfeasibleError(KnapsackLBError):
+    """The constraints admit no plan; the message carries the numbers that show why."""
+
+
+class SolverError(KnapsackLBError):
+    """A solver failed to produce a plan (time limit, solver crash, numerical trouble)."""

@@ -1,0 +1,278 @@
+"""Data that crosses module boundaries: plans, measurements, VIP/DIP configuration.
+
+Units: time and latency in **seconds** (floats), weights as fractions of the VIP's
+traffic in [0, 1]. ``WeightPlan`` and ``Measurement`` are frozen dataclasses (they are
+produced once and only read); configuration is pydantic, because it is validated from
+YAML files, the admin API and the store.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.names import parse_address, validate_name
+
+WEIGHT_SUM_TOLERANCE = 1e-9
+
+Objective = Literal["mean", "sum", "max"]
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """Weights for one VIP's DIPs, and why.
+
+    ``weights`` are floats summing to 1 (checked on construction); a DIP with weight 0
+    gets no new traffic. ``predicted_latency`` is the latency (seconds) each DIP's curve
+    predicts at its weight. ``method`` names the solver that produced the plan (``exact``,
+    ``ilp``, ``ilp-multistep``, ``equal-split``, ``capacity-proportional`` ...) and
+    ``reasons`` the events behind it, in the order they were handled. Adapters only read it.
+    """
+
+    vip: str
+    weights: Mapping[str, float]
+    predicted_latency: Mapping[str, float] = field(default_factory=dict)
+    objective: float = math.nan
+    objective_kind: str = "mean"
+    method: str = "manual"
+    solve_seconds: float = 0.0
+    version: int = 0
+    computed_at: float = 0.0
+    reasons: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        validate_name("vip", self.vip)
+        if not self.weights:
+            raise InvalidInputError("weights", dict(self.weights), "a plan needs at least one DIP")
+        total = 0.0
+        for dip, weight in self.weights.items():
+            validate_name("dip", dip)
+            if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
+                raise InvalidInputError("weight", weight, "must be a finite number >= 0", dip=dip)
+            total += weight
+        if abs(total - 1.0) > 1e-6:
+            raise InvalidInputError("weights", dict(self.weights), f"must sum to 1, sum is {total:.9f}")
+        object.__setattr__(self, "weights", dict(self.weights))
+        object.__setattr__(self, "predicted_latency", dict(self.predicted_latency))
+        object.__setattr__(self, "reasons", tuple(self.reasons))
+        object.__setattr__(self, "flags", tuple(self.flags))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["reasons"] = list(self.reasons)
+        data["flags"] = list(self.flags)
+        data["objective"] = None if math.isnan(self.objective) else self.objective
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WeightPlan:
+        objective = data.get("objective")
+        return cls(
+            vip=data["vip"],
+            weights={str(k): float(v) for k, v in data["weights"].items()},
+            predicted_latency={str(k): float(v) for k, v in data.get("predicted_latency", {}).items()},
+            objective=math.nan if objective is None else float(objective),
+            objective_kind=str(data.get("objective_kind", "mean")),
+            method=str(data.get("method", "manual")),
+            solve_seconds=float(data.get("solve_seconds", 0.0)),
+            version=int(data.get("version", 0)),
+            computed_at=float(data.get("computed_at", 0.0)),
+            reasons=tuple(data.get("reasons", ())),
+            flags=tuple(data.get("flags", ())),
+        )
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One probe round against one DIP (section 5, KLM): what was sent and what came back.
+
+    Success latencies (mean, p50, p90, p99) are over successful requests only;
+    ``failure_latency_mean`` is over failures, kept apart because a fast failure is not
+    fast service (ELS, shared/seeds/003). ``None`` means "no such request in the round".
+    """
+
+    vip: str
+    dip: str
+    time: float
+    weight: float
+    sent: int
+    successes: int
+    errors: int
+    timeouts: int
+    latency_mean: float | None
+    latency_p50: float | None
+    latency_p90: float | None
+    latency_p99: float | None
+    failure_latency_mean: float | None
+    worker: str
+
+    def __post_init__(self) -> None:
+        validate_name("vip", self.vip)
+        validate_name("dip", self.dip)
+        for name in ("sent", "successes", "errors", "timeouts"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise InvalidInputError(name, value, "must be an integer >= 0", dip=self.dip)
+        if self.successes + self.errors + self.timeouts != self.sent:
+            raise InvalidInputError(
+                "sent", self.sent, "must equal successes + errors + timeouts", dip=self.dip
+            )
+
+    @property
+    def failures(self) -> int:
+        return self.errors + self.timeouts
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.sent if self.sent else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
+        def opt(key: str) -> float | None:
+            value = data.get(key)
+            return None if value is None else float(value)
+
+        return cls(
+            vip=str(data["vip"]),
+            dip=str(data["dip"]),
+            time=float(data["time"]),
+            weight=float(data["weight"]),
+            sent=int(data["sent"]),
+            successes=int(data["successes"]),
+            errors=int(data["errors"]),
+            timeouts=int(data["timeouts"]),
+            latency_mean=opt("latency_mean"),
+            latency_p50=opt("latency_p50"),
+            latency_p90=opt("latency_p90"),
+            latency_p99=opt("latency_p99"),
+            failure_latency_mean=opt("failure_latency_mean"),
+            worker=str(data.get("worker", "")),
+        )
+
+
+class ProbeSpec(BaseModel):
+    """How probes measure a VIP's DIPs (section 5, KLM)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: Literal["GET", "HEAD", "POST"] = Field("GET", description="HTTP method of a probe request.")
+    path: str = Field("/", description="Request path (and query) sent to each DIP, starting with '/'.")
+    headers: dict[str, str] = Field(default_factory=dict, description="Extra request headers.")
+    expected_status: int = Field(200, ge=100, le=599, description="Status that counts as success.")
+    requests_per_round: int = Field(100, ge=1, le=100_000, description="Requests per DIP per round (N).")
+    interval: float = Field(5.0, gt=0, le=3600, description="Seconds between rounds.")
+    timeout: float = Field(1.0, gt=0, le=60, description="Seconds before a request counts as a timeout.")
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if not value.startswith("/") or any(c in value for c in " \r\n\t\"'\\"):
+            raise ValueError(f"path must start with '/' and contain no spaces, quotes or newlines: {value!r}")
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not name or any(c in name for c in " :\r\n\t") or any(c in text for c in "\r\n"):
+                raise ValueError(f"header {name!r}: names need no spaces or ':', values no newlines")
+        return value
+
+
+class DipConfig(BaseModel):
+    """One backend (DIP) of a VIP."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Identifier used in keys, plans and LB configs (letters, digits, . _ -).")
+    address: str = Field(description="'host:port' (IPv6 as '[::1]:80') that probes reach directly.")
+    min_weight: float | None = Field(None, ge=0, le=1, description="Lower bound on the DIP's weight.")
+    max_weight: float | None = Field(None, ge=0, le=1, description="Upper bound on the DIP's weight.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return validate_name("name", value)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        parse_address("address", value)
+        return value
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        return parse_address("address", self.address)
+
+
+class AdapterSpec(BaseModel):
+    """Which load balancer the VIP's weights go to, and that adapter's settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field("recording", description="Adapter entry point in group 'knapsack_lb.adapters'.")
+    settings: dict[str, Any] = Field(default_factory=dict, description="Adapter-specific settings.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return validate_name("adapter.name", value)
+
+
+class VipConfig(BaseModel):
+    """A VIP: its DIPs, how they are probed, where weights go, and operator overrides.
+
+    Overrides (``paused``, ``dry_run``, ``pins``, ``drained``) are written by the admin API
+    and persisted in the store; the controller honours them on its next step.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="VIP identifier (letters, digits, . _ -).")
+    dips: tuple[DipConfig, ...] = Field(default=(), description="Backends behind the VIP.")
+    probe: ProbeSpec = Field(ProbeSpec(), description="How DIPs are probed.")
+    adapter: AdapterSpec = Field(AdapterSpec(), description="Where weights are pushed.")
+    objective: Objective = Field("mean", description="Solver objective: mean, sum (paper) or max.")
+    paused: bool = Field(False, description="Controller computes nothing for this VIP.")
+    dry_run: bool = Field(False, description="Plans are computed and stored but never pushed.")
+    pins: dict[str, float] = Field(default_factory=dict, description="DIP name -> fixed weight.")
+    drained: tuple[str, ...] = Field(default=(), description="DIPs held at weight 0.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return validate_name("name", value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> VipConfig:
+        names = [dip.name for dip in self.dips]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"dips: duplicate DIP names {duplicates}")
+        known = set(names)
+        for dip, weight in self.pins.items():
+            if dip not in known:
+                raise ValueError(f"pins: unknown DIP {dip!r}")
+            if not 0 <= weight <= 1 or not math.isfinite(weight):
+                raise ValueError(f"pins: weight of {dip!r} must be in [0, 1], got {weight!r}")
+        if sum(self.pins.values()) > 1 + WEIGHT_SUM_TOLERANCE:
+            raise ValueError(f"pins: pinned weights sum to {sum(self.pins.values())} > 1")
+        for dip in self.drained:
+            if dip not in known:
+                raise ValueError(f"drained: unknown DIP {dip!r}")
+        return self
+
+    def dip(self, name: str) -> DipConfig:
+        for dip in self.dips:
+            if dip.name == name:
+                return dip
+        raise KeyError(name)

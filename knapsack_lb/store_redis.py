@@ -1,0 +1,458 @@
+"""The latency store on Redis (KnapsackLB section 5 "Latency store", section 6.7).
+
+The paper keeps, per VIP, a list of ``<DIP, latency, time>`` tuples in Redis. This store
+keeps every field of a :class:`~knapsack_lb.model.Measurement` and everything else the
+processes share (VIP configuration, current plan, plan history, fitted curves,
+controller state, remeasure requests, leases, heartbeats, statuses), so that one Redis
+is the single source of truth and a restart of any process loses nothing.
+
+Key layout (``ns`` = namespace, default ``klb``). One VIP's keys carry the hash tag
+``{vip}`` and so live in one Redis Cluster slot; keys that span VIPs have their own tag::
+
+    ns:{vip}:config          string   VipConfig JSON
+    ns:{vip}:m:<dip>         zset     Measurement JSON, score = measurement time
+    ns:{vip}:mdips           set      DIPs that have measurements
+    ns:{vip}:latest          hash     dip -> newest Measurement JSON
+    ns:{vip}:plan            string   current WeightPlan JSON
+    ns:{vip}:plans           list     plan history (oldest first), bounded
+    ns:{vip}:curves          hash     dip -> CurveRecord JSON
+    ns:{vip}:state           string   controller state JSON
+    ns:{vip}:remeasure       set      DIPs the operator asked to re-measure
+    ns:vips                  set      VIP names with a configuration
+    ns:{members:<group>}     zset     member -> expiry (ms, Redis server time)
+    ns:{lease:<group>}:<res> string   owner, with a PX TTL
+    ns:{status:<comp>}:data  hash     member -> status JSON
+    ns:{status:<comp>}:exp   zset     member -> expiry (ms, Redis server time)
+
+Retention: each DIP's measurement zset is trimmed by age (older than
+``retention_seconds`` before ``now``) and by count (newest ``retention_count``) in the
+same pipeline that writes the round; the key also expires ``retention_seconds`` after its
+last write, so a removed DIP's data goes away. ``now`` comes from the injected ``now``
+function, else the newest measurement of the DIP in the round (the measurements' own
+time line). The plan history keeps the last ``plan_history_limit`` plans.
+
+Leases, heartbeats and statuses expire on Redis server time (``PX`` and ``TIME`` in Lua),
+so workers on different hosts need no synchronised clocks. ``acquire_lease`` is a
+compare-and-set / compare-and-renew script: it succeeds when the lease is free, expired
+or already the caller's.
+
+Round trips: ``put_measurements`` is one pipeline whatever the number of DIPs and VIPs;
+``snapshot`` is one pipeline of six reads. Failures: every method raises redis-py's
+``ConnectionError`` / ``TimeoutError`` when Redis is unreachable; callers decide (the probe
+worker buffers, see :mod:`probes.worker`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.model import Measurement, VipConfig, WeightPlan
+from knapsack_lb.names import validate_name
+from knapsack_lb.store import CurveRecord, VipSnapshot
+
+DEFAULT_RETENTION_COUNT = 2000
+DEFAULT_RETENTION_SECONDS = 24 * 3600.0
+DEFAULT_PLAN_HISTORY = 1000
+RESOURCE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+
+_PUT_LATEST = """
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if old then
+  local ok, decoded = pcall(cjson.decode, old)
+  if ok and tonumber(decoded['time']) and tonumber(decoded['time']) > tonumber(ARGV[2]) then return 0 end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"""
+
+_SERVER_NOW_MS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+_HEARTBEAT = _SERVER_NOW_MS + """
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return 1
+"""
+
+_LIVE_MEMBERS = _SERVER_NOW_MS + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZRANGE', KEYS[1], 0, -1)
+"""
+
+_ACQUIRE = """
+local current = redis.call('GET', KEYS[1])
+if (not current) or current == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+_PUT_STATUS = _SERVER_NOW_MS + """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+for _, member in ipairs(expired) do redis.call('HDEL', KEYS[1], member) end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+return 1
+"""
+
+_STATUSES = _SERVER_NOW_MS + """
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+for _, member in ipairs(expired) do redis.call('HDEL', KEYS[1], member) end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+return redis.call('HGETALL', KEYS[1])
+"""
+
+
+def curve_record_to_dict(record: CurveRecord) -> dict[str, Any]:
+    return {
+        "vip": record.vip, "dip": record.dip, "curve": dict(record.curve), "w_max": record.w_max,
+        "points": [list(p) for p in record.points], "model": record.model, "fit_error": record.fit_error,
+        "fitted_at": record.fitted_at, "extra": dict(record.extra),
+    }
+
+
+def curve_record_from_dict(data: Mapping[str, Any]) -> CurveRecord:
+    return CurveRecord(
+        vip=str(data["vip"]), dip=str(data["dip"]), curve=dict(data["curve"]), w_max=float(data["w_max"]),
+        points=tuple((float(p[0]), float(p[1])) for p in data.get("points", ())),
+        model=str(data.get("model", "quadratic")),
+        fit_error=None if data.get("fit_error") is None else float(data["fit_error"]),
+        fitted_at=float(data.get("fitted_at", 0.0)), extra=dict(data.get("extra", {})),
+    )
+
+
+def _dumps(value: Any, field: str) -> str:
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as bad:
+        raise InvalidInputError(field, value, f"must be JSON-serialisable without NaN/inf: {bad}") from bad
+
+
+def _plan_json(plan: WeightPlan) -> str:
+    data = plan.to_dict()
+    data["predicted_latency"] = {k: (v if math.isfinite(v) else None) for k, v in data["predicted_latency"].items()}
+    return _dumps(data, "plan")
+
+
+def _plan_from_json(text: str | bytes) -> WeightPlan:
+    data = json.loads(text)
+    data["predicted_latency"] = {
+        k: (math.nan if v is None else v) for k, v in data.get("predicted_latency", {}).items()
+    }
+    return WeightPlan.from_dict(data)
+
+
+def _measurement_json(m: Measurement) -> str:
+    return _dumps(m.to_dict(), "measurement")
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _validate_resource(resource: str) -> str:
+    if not isinstance(resource, str) or not RESOURCE_PATTERN.fullmatch(resource):
+        raise InvalidInputError("resource", resource, "must be 1-200 characters of letters, digits, '.', '_', '-', ':'")
+    return resource
+
+
+class RedisLatencyStore:
+    """:class:`~knapsack_lb.store.LatencyStore` on Redis (see the module docstring for keys)."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        namespace: str = "klb",
+        retention_count: int = DEFAULT_RETENTION_COUNT,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        plan_history_limit: int = DEFAULT_PLAN_HISTORY,
+        now: Callable[[], float] | None = None,
+    ) -> None:
+        validate_name("namespace", namespace)
+        if not isinstance(retention_count, int) or retention_count < 1:
+            raise InvalidInputError("retention_count", retention_count, "must be an integer >= 1")
+        if not math.isfinite(retention_seconds) or retention_seconds <= 0:
+            raise InvalidInputError("retention_seconds", retention_seconds, "must be a number > 0")
+        if not isinstance(plan_history_limit, int) or plan_history_limit < 1:
+            raise InvalidInputError("plan_history_limit", plan_history_limit, "must be an integer >= 1")
+        self.client = client
+        self.namespace = namespace
+        self.retention_count = retention_count
+        self.retention_seconds = retention_seconds
+        self.plan_history_limit = plan_history_limit
+        self._now = now
+        self._heartbeat = client.register_script(_HEARTBEAT)
+        self._live_members = client.register_script(_LIVE_MEMBERS)
+        self._acquire = client.register_script(_ACQUIRE)
+        self._release = client.register_script(_RELEASE)
+        self._put_status = client.register_script(_PUT_STATUS)
+        self._statuses = client.register_script(_STATUSES)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        namespace: str = "klb",
+        *,
+        retention_count: int = DEFAULT_RETENTION_COUNT,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        plan_history_limit: int = DEFAULT_PLAN_HISTORY,
+        now: Callable[[], float] | None = None,
+        socket_timeout: float = 2.0,
+        measurement_retention_count: int | None = None,
+        measurement_retention_age: float | None = None,
+        plan_history: int | None = None,
+    ) -> RedisLatencyStore:
+        """Connect lazily to ``url`` (``redis://host:port/db``); nothing is sent until first use.
+
+        ``measurement_retention_count``, ``measurement_retention_age`` and ``plan_history``
+        are the :class:`knapsack_lb.config.RedisSettings` names of ``retention_count``,
+        ``retention_seconds`` and ``plan_history_limit``; given, they win.
+        """
+        retention_count = measurement_retention_count or retention_count
+        retention_seconds = measurement_retention_age or retention_seconds
+        plan_history_limit = plan_history or plan_history_limit
+        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+            raise InvalidInputError("redis_url", url, "must start with redis://, rediss:// or unix://")
+        client = aioredis.Redis.from_url(
+            url, decode_responses=True, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout,
+        )
+        return cls(client, namespace=namespace, retention_count=retention_count,
+                   retention_seconds=retention_seconds, plan_history_limit=plan_history_limit, now=now)
+
+    # --- keys (python-rq style templates) -------------------------------------------------
+    def _vk(self, vip: str, suffix: str) -> str:
+        return f"{self.namespace}:{{{validate_name('vip', vip)}}}:{suffix}"
+
+    def _mkey(self, vip: str, dip: str) -> str:
+        return self._vk(vip, f"m:{validate_name('dip', dip)}")
+
+    @property
+    def _vips_key(self) -> str:
+        return f"{self.namespace}:vips"
+
+    def _members_key(self, group: str) -> str:
+        return f"{self.namespace}:{{members:{validate_name('group', group)}}}"
+
+    def _lease_key(self, group: str, resource: str) -> str:
+        return f"{self.namespace}:{{lease:{validate_name('group', group)}}}:{_validate_resource(resource)}"
+
+    def _status_keys(self, component: str) -> list[str]:
+        tag = f"{self.namespace}:{{status:{validate_name('component', component)}}}"
+        return [f"{tag}:data", f"{tag}:exp"]
+
+    # --- configuration -----------------------------------------------------------------------
+    async def put_vip(self, config: VipConfig) -> None:
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.set(self._vk(config.name, "config"), config.model_dump_json())
+            pipe.sadd(self._vips_key, config.name)
+            await pipe.execute()
+
+    async def get_vip(self, vip: str) -> VipConfig | None:
+        text = await self.client.get(self._vk(vip, "config"))
+        return None if text is None else VipConfig.model_validate_json(text)
+
+    async def list_vips(self) -> list[str]:
+        return sorted(_text(v) for v in await self.client.smembers(self._vips_key))
+
+    async def delete_vip(self, vip: str) -> None:
+        """Delete the VIP's configuration and every key of it (measurements, plans, curves ...)."""
+        dips = [_text(d) for d in await self.client.smembers(self._vk(vip, "mdips"))]
+        keys = [self._vk(vip, s) for s in ("config", "mdips", "latest", "plan", "plans", "curves", "state",
+                                           "remeasure")]
+        keys += [self._mkey(vip, dip) for dip in dips]
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.delete(*keys)
+            pipe.srem(self._vips_key, vip)
+            await pipe.execute()
+
+    # --- measurements --------------------------------------------------------------------------
+    async def put_measurements(self, measurements: Sequence[Measurement], now: float | None = None) -> None:
+        """Store one round (or several buffered rounds) in one pipeline, with retention."""
+        if not measurements:
+            return
+        newest: dict[tuple[str, str], Measurement] = {}
+        for m in measurements:
+            key = (m.vip, m.dip)
+            if key not in newest or m.time >= newest[key].time:
+                newest[key] = m
+        expire_ms = max(1, int(self.retention_seconds * 1000))
+        async with self.client.pipeline(transaction=False) as pipe:
+            for m in measurements:
+                pipe.zadd(self._mkey(m.vip, m.dip), {_measurement_json(m): m.time})
+            for (vip, dip), m in newest.items():
+                mkey = self._mkey(vip, dip)
+                reference = now if now is not None else (self._now() if self._now is not None else m.time)
+                pipe.zremrangebyscore(mkey, "-inf", f"({reference - self.retention_seconds!r}")
+                pipe.zremrangebyrank(mkey, 0, -(self.retention_count + 1))
+                pipe.pexpire(mkey, expire_ms)
+                pipe.sadd(self._vk(vip, "mdips"), dip)
+                # EVAL, not EVALSHA: a pipeline with registered scripts would add a SCRIPT EXISTS round trip.
+                pipe.eval(_PUT_LATEST, 1, self._vk(vip, "latest"), dip, repr(m.time), _measurement_json(m))
+            await pipe.execute()
+
+    async def measurements(
+        self, vip: str, dip: str | None = None, since: float | None = None, limit: int | None = None
+    ) -> list[Measurement]:
+        """Oldest first; with ``limit``, the newest ``limit`` of them."""
+        low = "-inf" if since is None else repr(float(since))
+        dips = [dip] if dip is not None else sorted(
+            _text(d) for d in await self.client.smembers(self._vk(vip, "mdips"))
+        )
+        if not dips:
+            return []
+        async with self.client.pipeline(transaction=False) as pipe:
+            for name in dips:
+                if limit is not None and dip is not None:
+                    pipe.zrevrangebyscore(self._mkey(vip, name), "+inf", low, start=0, num=max(limit, 0))
+                else:
+                    pipe.zrangebyscore(self._mkey(vip, name), low, "+inf")
+            replies = await pipe.execute()
+        result = [Measurement.from_dict(json.loads(text)) for reply in replies for text in reply]
+        result.sort(key=lambda m: (m.time, m.dip))
+        if limit is not None:
+            result = result[-limit:] if limit > 0 else []
+        return result
+
+    # --- plans, curves, controller state -------------------------------------------------------
+    async def put_plan(self, plan: WeightPlan) -> None:
+        text = _plan_json(plan)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.set(self._vk(plan.vip, "plan"), text)
+            pipe.rpush(self._vk(plan.vip, "plans"), text)
+            pipe.ltrim(self._vk(plan.vip, "plans"), -self.plan_history_limit, -1)
+            await pipe.execute()
+
+    async def current_plan(self, vip: str) -> WeightPlan | None:
+        text = await self.client.get(self._vk(vip, "plan"))
+        return None if text is None else _plan_from_json(text)
+
+    async def plan_history(self, vip: str, limit: int = 100) -> list[WeightPlan]:
+        """The last ``limit`` plans, oldest first."""
+        if limit <= 0:
+            return []
+        texts = await self.client.lrange(self._vk(vip, "plans"), -limit, -1)
+        return [_plan_from_json(t) for t in texts]
+
+    async def put_curves(self, vip: str, curves: Sequence[CurveRecord], replace: bool = False) -> None:
+        """Upsert curves by DIP; ``replace=True`` drops the VIP's other curves."""
+        mapping: dict[str, str] = {}
+        for record in curves:
+            if record.vip != vip:
+                raise InvalidInputError("vip", record.vip, f"curve record belongs to another VIP than {vip!r}",
+                                        dip=record.dip)
+            mapping[validate_name("dip", record.dip)] = _dumps(curve_record_to_dict(record), "curve")
+        key = self._vk(vip, "curves")
+        async with self.client.pipeline(transaction=True) as pipe:
+            if replace:
+                pipe.delete(key)
+            if mapping:
+                pipe.hset(key, mapping=dict(mapping))  # type: ignore[arg-type]
+            await pipe.execute()
+
+    async def curves(self, vip: str) -> dict[str, CurveRecord]:
+        raw = await self.client.hgetall(self._vk(vip, "curves"))
+        return {_text(dip): curve_record_from_dict(json.loads(text)) for dip, text in raw.items()}
+
+    async def put_controller_state(self, vip: str, state: Mapping[str, Any]) -> None:
+        await self.client.set(self._vk(vip, "state"), _dumps(dict(state), "controller_state"))
+
+    async def controller_state(self, vip: str) -> dict[str, Any] | None:
+        text = await self.client.get(self._vk(vip, "state"))
+        return None if text is None else dict(json.loads(text))
+
+    async def request_remeasure(self, vip: str, dip: str) -> None:
+        await self.client.sadd(self._vk(vip, "remeasure"), validate_name("dip", dip))
+
+    async def take_remeasure_requests(self, vip: str) -> set[str]:
+        """Read and clear atomically (MULTI/EXEC): a request is taken exactly once."""
+        key = self._vk(vip, "remeasure")
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.smembers(key)
+            pipe.delete(key)
+            members, _ = await pipe.execute()
+        return {_text(m) for m in members}
+
+    async def snapshot(self, vip: str, measurements_since: float | None = None) -> VipSnapshot:
+        """Configuration, newest measurement per DIP, plan, curves, state, remeasure: one round trip."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.get(self._vk(vip, "config"))
+            pipe.hgetall(self._vk(vip, "latest"))
+            pipe.get(self._vk(vip, "plan"))
+            pipe.hgetall(self._vk(vip, "curves"))
+            pipe.get(self._vk(vip, "state"))
+            pipe.smembers(self._vk(vip, "remeasure"))
+            config, latest_raw, plan, curves_raw, state, remeasure = await pipe.execute()
+        latest = {dip: Measurement.from_dict(json.loads(text)) for dip, text in latest_raw.items()}
+        if measurements_since is not None:
+            latest = {dip: m for dip, m in latest.items() if m.time >= measurements_since}
+        return VipSnapshot(
+            config=None if config is None else VipConfig.model_validate_json(config),
+            latest=latest,
+            current_plan=None if plan is None else _plan_from_json(plan),
+            curves={dip: curve_record_from_dict(json.loads(t)) for dip, t in curves_raw.items()},
+            controller_state=None if state is None else dict(json.loads(state)),
+            remeasure=frozenset(remeasure),
+        )
+
+    # --- leases and membership -------------------------------------------------------------------
+    @staticmethod
+    def _ttl_ms(ttl: float) -> int:
+        if not math.isfinite(ttl) or ttl <= 0:
+            raise InvalidInputError("ttl", ttl, "must be a number of seconds > 0")
+        return max(1, int(ttl * 1000))
+
+    async def heartbeat(self, group: str, member: str, ttl: float) -> None:
+        await self._heartbeat(keys=[self._members_key(group)], args=[validate_name("member", member),
+                                                                      self._ttl_ms(ttl)])
+
+    async def live_members(self, group: str) -> list[str]:
+        return sorted(await self._live_members(keys=[self._members_key(group)]))
+
+    async def acquire_lease(self, group: str, resource: str, owner: str, ttl: float) -> bool:
+        result = await self._acquire(keys=[self._lease_key(group, resource)],
+                                     args=[validate_name("owner", owner), self._ttl_ms(ttl)])
+        return bool(result)
+
+    async def release_lease(self, group: str, resource: str, owner: str) -> None:
+        await self._release(keys=[self._lease_key(group, resource)], args=[owner])
+
+    async def lease_owner(self, group: str, resource: str) -> str | None:
+        owner = await self.client.get(self._lease_key(group, resource))
+        return None if owner is None else str(owner)
+
+    # --- status ------------------------------------------------------------------------------------
+    async def put_status(self, component: str, member: str, status: Mapping[str, Any], ttl: float) -> None:
+        await self._put_status(keys=self._status_keys(component),
+                               args=[validate_name("member", member), _dumps(dict(status), "status"),
+                                     self._ttl_ms(ttl)])
+
+    async def statuses(self, component: str) -> dict[str, dict[str, Any]]:
+        flat = await self._statuses(keys=self._status_keys(component))
+        return {flat[i]: json.loads(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self.client.ping())
+        except (aioredis.ConnectionError, aioredis.TimeoutError, OSError):
+            return False
+
+    async def close(self) -> None:
+        await self.client.aclose()

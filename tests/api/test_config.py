@@ -1,0 +1,109 @@
+"""The configuration file: the example loads, the reference doc lists every field, errors name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from knapsack_lb.config import (
+    ConfigError,
+    KlbConfig,
+    iter_fields,
+    load_config,
+    parse_config,
+    reference_markdown,
+    require_safe_listen,
+)
+from tests.conftest import REPO_ROOT
+
+DOC = REPO_ROOT / "docs" / "configuration.md"
+EXAMPLE = REPO_ROOT / "examples" / "config.yaml"
+
+
+def test_example_config_loads_with_its_vip_and_adapter() -> None:
+    config = load_config(EXAMPLE)
+    assert [v.name for v in config.vips] == ["web"]
+    assert [d.name for d in config.vips[0].dips] == ["dip1", "dip2", "dip3"]
+    assert config.vips[0].adapter.name == "haproxy"
+    assert config.api.host == "127.0.0.1"
+    assert config.controller.interval == 5.0
+
+
+def test_reference_doc_lists_every_field_with_its_default() -> None:
+    """Regenerate with `klb config-reference -o docs/configuration.md` when this fails."""
+    text = DOC.read_text()
+    fields = list(iter_fields(KlbConfig))
+    assert len(fields) > 60  # nested controller, probe and adapter fields are all there
+    missing = [path for path, _t, default, _d in fields if f"| `{path}` | " not in text]
+    assert missing == []
+    rows = {line.split(" | ")[0].strip("| `"): line for line in text.splitlines() if line.startswith("| `")}
+    wrong_default = [path for path, _t, default, _d in fields if f"| `{default}` |" not in rows[path]]
+    assert wrong_default == []
+    assert reference_markdown().count("\n| `") == len(fields)
+
+
+def test_every_config_field_has_a_description() -> None:
+    undocumented = [path for path, _type, _default, description in iter_fields(KlbConfig) if not description]
+    assert undocumented == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "field", "value"),
+    [
+        ({"vips": [{"name": "web", "dips": [{"name": "a", "address": "127.0.0.1"}]}]}, "vips.0.dips.0.address",
+         "127.0.0.1"),
+        ({"vips": [{"name": "bad;name"}]}, "vips.0.name", "bad;name"),
+        ({"api": {"port": 70000}}, "api.port", 70000),
+        ({"api": {"host": "localhost:80"}}, "api.host", "localhost:80"),
+        ({"controller": {"interval": -1}}, "controller.interval", -1),
+        ({"redis": {"url": "http://x"}}, "redis.url", "http://x"),
+        ({"logging": {"level": "LOUD"}}, "logging.level", "LOUD"),
+        ({"surprise": 1}, "surprise", 1),
+    ],
+)
+def test_errors_name_the_field_and_value(raw: dict[str, object], field: str, value: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    assert info.value.field == field
+    assert info.value.value == value
+    assert field in str(info.value)
+
+
+def test_duplicate_vips_are_refused() -> None:
+    with pytest.raises(ConfigError, match="duplicate VIP names"):
+        parse_config({"vips": [{"name": "a"}, {"name": "a"}]})
+
+
+def test_unreadable_and_invalid_yaml_files_are_reported(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("vips: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_token_sources_in_order(tmp_path: Path) -> None:
+    secret = "s3cret-token-0123456789"
+    assert parse_config({"api": {"token": secret}}).api.resolve_token({}) == secret
+    file = tmp_path / "token"
+    file.write_text(secret + "\n")
+    assert parse_config({"api": {"token_file": str(file)}}).api.resolve_token({}) == secret
+    assert parse_config({"api": {"token_env": "MY_TOKEN"}}).api.resolve_token({"MY_TOKEN": secret}) == secret
+    assert parse_config({}).api.resolve_token({}) is None
+    with pytest.raises(ConfigError, match="at least 16"):
+        parse_config({"api": {"token": "short"}}).api.resolve_token({})
+    with pytest.raises(ConfigError, match="token_file"):
+        parse_config({"api": {"token_file": str(tmp_path / "missing")}}).api.resolve_token({})
+    with pytest.raises(ConfigError, match="not both"):
+        parse_config({"api": {"token": secret, "token_file": str(file)}})
+
+
+def test_non_loopback_listen_needs_a_token() -> None:
+    require_safe_listen("127.0.0.1", None)
+    require_safe_listen("::1", None)
+    require_safe_listen("0.0.0.0", "a-token-of-enough-length")
+    with pytest.raises(ConfigError) as info:
+        require_safe_listen("0.0.0.0", None)
+    assert info.value.field == "api.host"

@@ -1,0 +1,144 @@
+"""The backend emulator over real sockets: headers, keep-alive, failures, admin, subprocess."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import sys
+import time
+
+import pytest
+
+from knapsack_lb.procs import ManagedProcess, free_port, wait_for_port
+from knapsack_lb.testbed.emulator import EmulatorConfig, EmulatorFleet
+
+
+def _conn(address: str) -> http.client.HTTPConnection:
+    host, port = address.rsplit(":", 1)
+    return http.client.HTTPConnection(host, int(port), timeout=5)
+
+
+def _get(conn: http.client.HTTPConnection, path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    conn.request(method, path)
+    response = conn.getresponse()
+    body = response.read()
+    return response.status, {k.lower(): v for k, v in response.getheaders()}, body
+
+
+def test_responses_carry_backend_inflight_and_server_latency_on_one_connection() -> None:
+    with EmulatorFleet([EmulatorConfig("dip-a", service_time=0.01, distribution="fixed")]) as fleet:
+        conn = _conn(fleet.addresses["dip-a"])
+        for _ in range(5):
+            start = time.perf_counter()
+            status, headers, body = _get(conn, "/work")
+            elapsed = time.perf_counter() - start
+            assert status == 200 and body == b"ok\n"
+            assert headers["x-backend"] == "dip-a"
+            assert headers["x-inflight"] == "1"
+            server_latency = float(headers["x-server-latency"])
+            assert 0.0095 <= server_latency <= elapsed
+        stats = fleet.stats("dip-a")
+        assert stats.successes == 5 and stats.connections == 1  # keep-alive: one connection
+        assert stats.work_seconds == pytest.approx(0.05)
+        assert stats.busy_seconds >= 0.05
+        status, _, body = _get(conn, "/health")
+        assert status == 200 and fleet.stats("dip-a").requests == 5  # health checks do no work
+        status, _, body = _get(conn, "/stats")
+        assert json.loads(body)["successes"] == 5
+
+
+def test_fast_and_slow_failures_differ_in_latency() -> None:
+    configs = [
+        EmulatorConfig("fast", failure_probability=1.0, failure_mode="fast", service_time=0.01),
+        EmulatorConfig("slow", failure_probability=1.0, failure_mode="slow", failure_delay=0.1, service_time=0.01),
+    ]
+    with EmulatorFleet(configs) as fleet:
+        status, headers, _ = _get(_conn(fleet.addresses["fast"]), "/")
+        assert status == 503 and float(headers["x-server-latency"]) < 0.01
+        status, headers, _ = _get(_conn(fleet.addresses["slow"]), "/")
+        assert status == 503 and float(headers["x-server-latency"]) >= 0.1
+        assert fleet.stats("fast").fast_failures == 1 and fleet.stats("slow").slow_failures == 1
+
+
+def test_admin_capacity_slows_service_and_bad_values_are_refused() -> None:
+    with EmulatorFleet([EmulatorConfig("dip", service_time=0.05, distribution="fixed")]) as fleet:
+        conn = _conn(fleet.addresses["dip"])
+        status, _, body = _get(conn, "/admin/capacity?factor=0.5", method="POST")
+        assert status == 200 and json.loads(body)["capacity"] == 0.5
+        _, headers, _ = _get(conn, "/")
+        assert float(headers["x-server-latency"]) >= 0.1
+        assert _get(conn, "/admin/capacity?factor=-1", method="POST")[0] == 400
+        assert _get(conn, "/admin/capacity", method="POST")[0] == 400
+        assert _get(conn, "/admin/capacity?factor=2", method="GET")[0] == 405
+        fleet.set_capacity("dip", 1.0)
+        _, headers, _ = _get(conn, "/")
+        assert 0.05 <= float(headers["x-server-latency"]) < 0.1
+
+
+def test_connection_close_is_honoured() -> None:
+    with EmulatorFleet([EmulatorConfig("dip", service_time=0.0)]) as fleet:
+        conn = _conn(fleet.addresses["dip"])
+        conn.request("GET", "/", headers={"Connection": "close"})
+        response = conn.getresponse()
+        assert response.getheader("Connection") == "close"
+        response.read()
+        assert response.will_close
+
+
+def test_runs_as_a_subprocess_and_stops_on_sigterm(tmp_path: object) -> None:
+    port = free_port()
+    argv = [sys.executable, "-m", "knapsack_lb.testbed.emulator", "--name", "sub", "--port", str(port),
+            "--mode", "ps", "--service-time", "0.005", "--distribution", "lognormal", "--duration", "30"]
+    with ManagedProcess(argv) as proc:
+        wait_for_port("127.0.0.1", port)
+        status, headers, _ = _get(_conn(f"127.0.0.1:{port}"), "/")
+        assert status == 200 and headers["x-backend"] == "sub"
+        proc.stop()
+        assert proc.process is not None and proc.process.returncode == 0
+
+
+def test_bad_configuration_is_refused() -> None:
+    with pytest.raises(ValueError, match="failure probability"):
+        EmulatorConfig("x", failure_probability=1.5)
+    with pytest.raises(ValueError, match="name"):
+        EmulatorConfig("bad name")
+
+
+def test_pipelined_requests_are_answered_in_order() -> None:
+    import socket
+
+    with EmulatorFleet([EmulatorConfig("dip", service_time=0.001, distribution="fixed", body=b"wk\n")]) as fleet:
+        host, port = fleet.addresses["dip"].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            requests = b"".join(
+                f"GET /{'health' if i % 2 else 'work'}?n={i} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for i in range(2000)
+            )
+            sock.sendall(requests)
+            received = b""
+            while received.count(b"HTTP/1.1 200") < 2000:
+                chunk = sock.recv(65536)
+                assert chunk
+                received += chunk
+        bodies = [part.split(b"\r\n\r\n", 1)[1][:3] for part in received.split(b"HTTP/1.1 ")[1:]]
+        assert bodies == [b"wk\n", b"ok\n"] * 1000  # work and health alternate, as sent
+        stats = fleet.stats("dip")
+        assert stats.successes == 1000 and stats.health_checks == 1000
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("ps", [0.1, 0.1]), ("fcfs", [0.05, 0.1])])
+def test_concurrent_requests_share_or_queue_by_mode(mode: str, expected: list[float]) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    config = EmulatorConfig("dip", mode=mode, service_time=0.05, distribution="fixed")  # type: ignore[arg-type]
+    with EmulatorFleet([config]) as fleet:
+        address = fleet.addresses["dip"]
+
+        def one(_: int) -> float:
+            return float(_get(_conn(address), "/")[1]["x-server-latency"])
+
+        with ThreadPoolExecutor(2) as pool:
+            latencies = sorted(pool.map(one, range(2)))
+        # Arrivals are a little apart, so allow for the gap between them.
+        assert latencies[0] == pytest.approx(expected[0], abs=0.03)
+        assert latencies[1] == pytest.approx(expected[1], abs=0.03)
+        assert fleet.stats("dip").busy_seconds == pytest.approx(0.1, abs=0.03)

@@ -1,0 +1,28 @@
+"""`klb bench probes` runs end to end on a tiny size and reports what it promises (no speed asserted)."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+
+def test_bench_probes_reports_throughput_and_latency_error() -> None:
+    from knapsack_lb.cli.main import app
+
+    result = CliRunner().invoke(app, ["bench", "probes", "--dips", "2", "--seconds", "3", "--requests-per-round",
+                                      "10", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout.strip().splitlines()[-1])
+    assert data["probe_requests_per_cpu_second"] > 0
+    assert set(data["latency_error_pct"]) == {"2ms", "20ms"}
+    assert data["throughput_phase"]["requests"] > 0 and data["throughput_phase"]["failures"] == 0
+    for phase in data["accuracy_phases"]:
+        assert phase["successes"] > 0 and phase["probe_mean_latency"] >= phase["service_time"]
+
+
+def test_bench_probes_refuses_bad_sizes() -> None:
+    from knapsack_lb.cli.main import app
+
+    result = CliRunner().invoke(app, ["bench", "probes", "--dips", "0"])
+    assert result.exit_code == 2 and "--dips" in result.output

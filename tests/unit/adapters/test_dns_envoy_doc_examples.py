@@ -1,0 +1,54 @@
+"""The configuration examples in docs/adapters-envoy-dns.md are valid VIP configurations
+whose adapter settings the adapters accept (Envoy's bootstrap examples are run through
+``envoy --mode validate`` in tests/integration/test_envoy_adapter.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from adapters.base import load_adapter_class
+from adapters.dns import PowerDnsAdapter
+from adapters.envoy import EnvoyAdapter
+from knapsack_lb.model import VipConfig
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "adapters-envoy-dns.md"
+
+
+def doc_example(name: str) -> str:
+    """The fenced block right after ``<!-- example: name -->`` in the doc."""
+    match = re.search(rf"<!-- example: {re.escape(name)} -->\n```\w*\n(.*?)```", DOC.read_text(), re.S)
+    assert match is not None, f"example {name!r} missing from {DOC}"
+    return match.group(1)
+
+
+def test_envoy_vip_example_is_accepted() -> None:
+    vip = VipConfig.model_validate(yaml.safe_load(doc_example("envoy-vip")))
+    assert load_adapter_class(vip.adapter.name) is EnvoyAdapter
+    adapter = EnvoyAdapter.from_config(vip.adapter.settings)
+    assert set(adapter.settings.endpoints) == {d.name for d in vip.dips}
+    assert {d.name: d.host_port for d in vip.dips} == dict(adapter.settings.endpoints)
+
+
+def test_dns_vip_example_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    vip = VipConfig.model_validate(yaml.safe_load(doc_example("dns-vip")))
+    assert load_adapter_class(vip.adapter.name) is PowerDnsAdapter
+    monkeypatch.setenv("KLB_PDNS_API_KEY", "example-key")
+    with PowerDnsAdapter.from_config(vip.adapter.settings) as adapter:
+        assert adapter.settings.record == "www.example.test." and adapter.settings.ttl == 5
+        assert set(adapter.settings.addresses) == {d.name for d in vip.dips}
+
+
+def test_pdns_conf_example_matches_what_the_testbed_writes(tmp_path: Path) -> None:
+    from knapsack_lb.testbed.lb_pdns import pdns_config
+
+    documented = dict(line.split("=", 1) for line in doc_example("pdns-conf").splitlines() if line)
+    written = dict(
+        line.split("=", 1)
+        for line in pdns_config(workdir=tmp_path, dns_port=53, api_port=8081, api_key="k").splitlines()
+    )
+    for key in ("launch", "api", "webserver", "enable-lua-records", "cache-ttl", "query-cache-ttl", "local-address"):
+        assert documented[key] == written[key], key

@@ -1,0 +1,106 @@
+"""Section 4.5 shift/rescale and change detection, section 4.7 drain time, refresh budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from knapsack_lb.controller_settings import ControllerSettings
+from knapsack_lb.curves import PiecewiseLinearCurve, QuadraticCurve, QueueingCurve
+from knapsack_lb.dynamics import (
+    ChangeDetector,
+    RoundView,
+    estimate_drain_time,
+    refresh_candidates,
+    scale_curve,
+    shift_factor,
+    weight_for_latency,
+)
+
+
+@pytest.mark.parametrize("curve", [
+    QuadraticCurve(0.01, 0.02, 0.3), QueueingCurve(0.001, 0.002, 0.4),
+    PiecewiseLinearCurve((0.0, 0.1, 0.3), (0.01, 0.012, 0.03)),
+])
+def test_scaling_multiplies_the_weight_axis(curve: object) -> None:
+    scaled = scale_curve(curve, 0.8)  # type: ignore[arg-type]
+    ws = np.array([0.0, 0.05, 0.1, 0.2])
+    assert scaled.latencies(ws * 0.8) == pytest.approx(curve.latencies(ws))  # type: ignore[attr-defined]
+
+
+def test_the_papers_example_gives_k_0_8() -> None:
+    """5 ms at 0.5; now 7 ms at 0.5; the curve reached 7 ms at 0.625, so k = 0.5 / 0.625 = 0.8."""
+    curve = PiecewiseLinearCurve((0.0, 0.5, 0.625, 1.0), (0.003, 0.005, 0.007, 0.02))
+    assert weight_for_latency(curve, 0.007, hi=1.0) == pytest.approx(0.625)
+    assert shift_factor(curve, 0.5, 0.007, w_max=0.9) == pytest.approx(0.8)
+
+
+def test_a_traffic_change_on_mm1_dips_shifts_by_the_ratio_of_rates() -> None:
+    """M/M/1: T(w) = 1/(mu - w*L). Traffic L -> 1.2 L is exactly k = 1/1.2 on every curve."""
+    s = ControllerSettings(change_confirmations=1)
+    det = ChangeDetector(s)
+    rate, mus = 1000.0, {"a": 300.0, "b": 400.0, "c": 500.0, "d": 350.0}
+    weights = {"a": 0.2, "b": 0.25, "c": 0.35, "d": 0.2}
+    curves = {d: (QueueingCurve(0.0, 1 / rate, mu / rate), mu / rate * 0.8) for d, mu in mus.items()}
+    rounds = {d: RoundView(w, 1 / (mus[d] - w * rate * 1.2), 0.0) for d, w in weights.items()}
+    verdict = det.observe(rounds, curves)
+    assert verdict.traffic_factor == pytest.approx(1 / 1.2, rel=1e-3)
+    assert not verdict.capacity and "traffic change" in verdict.notes[0]
+
+
+def test_one_dip_off_its_curve_is_a_capacity_change_after_the_confirmations() -> None:
+    s = ControllerSettings(change_confirmations=2)
+    det = ChangeDetector(s)
+    rate = 1000.0
+    curves = {d: (QueueingCurve(0.0, 1 / rate, 0.4), 0.3) for d in "abcd"}
+    true = {"a": 0.4, "b": 0.4, "c": 0.4, "d": 0.3}  # d lost 25 % capacity (slower service: l0 rises too)
+    rounds = {d: RoundView(0.2, 1 / ((true[d] - 0.2) * rate), 0.0) for d in "abcd"}
+    assert not det.observe(rounds, curves).capacity  # first round: not yet confirmed
+    verdict = det.observe(rounds, curves)
+    assert set(verdict.capacity) == {"d"}
+    # The paper's rule: the old curve reaches the observed 10 ms at w' = 0.3, so k = 0.2 / 0.3.
+    assert verdict.capacity["d"] == pytest.approx(0.2 / 0.3, rel=1e-3)
+    assert verdict.observed["d"] == pytest.approx((0.2, 0.01))
+    assert verdict.traffic_factor is None
+
+
+def test_timeouts_cut_w_max_at_once() -> None:
+    det = ChangeDetector(ControllerSettings(change_confirmations=3))
+    curves = {d: (QueueingCurve(0.0, 0.001, 0.4), 0.3) for d in "abc"}
+    rounds = {"a": RoundView(0.3, 0.5, 0.4), "b": RoundView(0.2, 0.005, 0.0), "c": RoundView(0.2, 0.005, 0.0)}
+    verdict = det.observe(rounds, curves)
+    assert verdict.capacity["a"] == pytest.approx(0.9 * 0.3 * 0.6 / 0.3)
+
+
+def test_noise_within_the_thresholds_changes_nothing() -> None:
+    det = ChangeDetector(ControllerSettings(change_confirmations=1))
+    curves = {d: (QueueingCurve(0.0, 0.001, 0.4), 0.3) for d in "abcdef"}
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        rounds = {d: RoundView(0.2, 0.005 * float(np.exp(rng.normal(0, 0.03))), 0.0) for d in "abcdef"}
+        verdict = det.observe(rounds, curves)
+        assert verdict.traffic_factor is None and not verdict.capacity
+
+
+def test_detector_state_round_trips() -> None:
+    det = ChangeDetector(ControllerSettings())
+    curves = {d: (QueueingCurve(0.0, 0.001, 0.4), 0.3) for d in "ab"}
+    det.observe({"a": RoundView(0.2, 0.009, 0.0), "b": RoundView(0.2, 0.005, 0.0)}, curves)
+    again = ChangeDetector.from_dict(ControllerSettings(), det.to_dict())
+    assert again.to_dict() == det.to_dict()
+
+
+def test_drain_time_is_the_time_until_latency_settles_after_the_switch() -> None:
+    series = [(105.0, 0.050), (110.0, 0.030), (115.0, 0.0105), (120.0, 0.0101), (125.0, 0.0099)]
+    assert estimate_drain_time(100.0, series) == pytest.approx(15.0)
+    assert estimate_drain_time(100.0, series[:2]) is None
+    assert estimate_drain_time(100.0, [(105.0, 0.05), (110.0, 0.03), (115.0, 0.01)]) is None  # still moving
+
+
+def test_refresh_keeps_within_the_capacity_budget_oldest_first() -> None:
+    fitted = {"a": 0.0, "b": 10.0, "c": 20.0, "d": 5000.0}
+    w_max = {"a": 0.02, "b": 0.03, "c": 0.5, "d": 0.5}
+    assert refresh_candidates(fitted, w_max, [], now=4000.0, period=1800.0, budget=0.05) == ["a", "b"]
+    assert refresh_candidates(fitted, w_max, ["a"], now=4000.0, period=1800.0, budget=0.05) == ["b"]
+    assert refresh_candidates(fitted, w_max, [], now=100.0, period=1800.0, budget=0.05) == []
+    assert refresh_candidates(fitted, w_max, [], now=4000.0, period=0.0, budget=0.05) == []

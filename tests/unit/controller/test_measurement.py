@@ -1,0 +1,126 @@
+"""Algorithm 1 (KnapsackLB section 4.3) in virtual time against M/M/1 DIPs of known capacity."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from knapsack_lb.controller_settings import ControllerSettings
+from knapsack_lb.fluid import FluidDip, FluidModel
+from knapsack_lb.measurement import PRIORITY_NORMAL, PRIORITY_OVERUTILISED, DipMeasurement, algorithm1, is_drop
+from knapsack_lb.model import Measurement
+
+
+def _m(latency: float | None, successes: int = 100, errors: int = 0, timeouts: int = 0) -> Measurement:
+    return Measurement("v", "d", 1.0, 0.1, successes + errors + timeouts, successes, errors, timeouts, latency,
+                       latency, latency, latency, None, "t")
+
+
+def test_run_step_doubles_near_l0_and_slows_near_capacity() -> None:
+    fast = algorithm1(0.1, 0.0, l0=0.01, l_cur=0.01, dropped=False)
+    slow = algorithm1(0.1, 0.0, l0=0.01, l_cur=0.04, dropped=False)
+    assert fast.next_weight == pytest.approx(0.2)
+    assert slow.next_weight == pytest.approx(0.125)
+    assert fast.w_max == slow.w_max == 0.1
+    assert not fast.done and not fast.backtracked
+
+
+def test_backtrack_goes_to_the_mean_of_current_and_largest_drop_free_weight() -> None:
+    step = algorithm1(0.3, 0.2, l0=0.01, l_cur=0.2, dropped=True)
+    assert step.next_weight == pytest.approx(0.25)
+    assert step.w_max == 0.2 and step.backtracked
+
+
+def test_done_when_the_change_is_within_five_percent_of_w_max() -> None:
+    assert algorithm1(0.205, 0.2, l0=0.01, l_cur=1.0, dropped=True).done  # change 0.0025 <= 0.01
+    assert not algorithm1(0.25, 0.2, l0=0.01, l_cur=1.0, dropped=True).done  # change 0.025 > 0.01
+
+
+def test_run_is_capped_by_the_smallest_drop_weight_only_when_given() -> None:
+    capped = algorithm1(0.1, 0.05, l0=0.01, l_cur=0.01, dropped=False, w_drop=0.14)
+    paper = algorithm1(0.1, 0.05, l0=0.01, l_cur=0.01, dropped=False)
+    assert capped.next_weight == pytest.approx(0.12)
+    assert paper.next_weight == pytest.approx(0.2)
+
+
+def test_drop_is_failed_probes_or_five_times_the_weight_zero_latency() -> None:
+    s = ControllerSettings()
+    assert not is_drop(_m(0.04), 0.01, s)
+    assert is_drop(_m(0.05), 0.01, s)
+    assert is_drop(_m(0.011, successes=90, timeouts=10), 0.01, s)
+    assert is_drop(_m(None, successes=0, errors=100), 0.01, s)
+
+
+def _measure(capacity_share: float, settings: ControllerSettings, n_dips: int = 10) -> DipMeasurement:
+    """Drive one DIP's Algorithm 1 with exact (noise-free) M/M/1 latencies, every weight scheduled."""
+    rate = 1000.0
+    dip = FluidDip("d", servers=1, service_rate=capacity_share * rate)
+    m = DipMeasurement("d", enqueued_at=0.0)
+    equal = 1 / n_dips
+    for step in range(50):
+        wanted = m.wanted(equal, zero_first=True)
+        if wanted is None:
+            break
+        latency = dip.mean_latency(wanted * rate)
+        obs = _m(latency if math.isfinite(latency) else 0.9, successes=100 if math.isfinite(latency) else 50,
+                 timeouts=0 if math.isfinite(latency) else 50)
+        m.record(wanted, obs, settings, equal, float(step), scheduled=True)
+    return m
+
+
+@pytest.mark.parametrize("capacity", [0.02, 0.05, 0.1, 0.3])
+def test_w_max_brackets_the_five_x_point_of_an_mm1_dip(capacity: float) -> None:
+    """M/M/1: latency reaches 5x l0 at 80 % utilisation, so w_max lands just below 0.8 * capacity."""
+    m = _measure(capacity, ControllerSettings())
+    assert m.done
+    assert 0.7 * capacity <= m.w_max < 0.8 * capacity
+    assert m.iterations <= 10
+    assert m.l0 == pytest.approx(1 / (capacity * 1000))
+
+
+def test_paper_settings_converge_too_with_more_iterations() -> None:
+    ours = _measure(0.05, ControllerSettings())
+    paper = _measure(0.05, ControllerSettings.paper())
+    assert paper.done and 0.7 * 0.05 <= paper.w_max < 0.8 * 0.05
+    assert ours.iterations <= paper.iterations
+
+
+def test_a_dip_that_drops_everywhere_stops_with_no_usable_weight() -> None:
+    s = ControllerSettings(max_measurement_iterations=6)
+    m = DipMeasurement("d", enqueued_at=0.0)
+    for step in range(20):
+        wanted = m.wanted(0.1, zero_first=True)
+        if wanted is None:
+            break
+        obs = _m(0.001) if wanted == 0 else _m(None, successes=0, errors=100)
+        m.record(wanted, obs, s, 0.1, float(step), scheduled=True)
+    assert m.done and m.w_max == 0.0 and m.iterations == 6
+
+
+def test_priority_is_over_utilised_after_a_drop_and_state_round_trips() -> None:
+    m = _measure(0.02, ControllerSettings(max_measurement_iterations=3))
+    assert m.priority in (PRIORITY_NORMAL, PRIORITY_OVERUTILISED)
+    again = DipMeasurement.from_dict(m.to_dict())
+    assert again == m
+
+
+def test_a_live_pool_dip_is_measured_at_zero_first_and_a_cold_pool_at_the_equal_share() -> None:
+    m = DipMeasurement("d", enqueued_at=0.0)
+    assert m.wanted(0.1, zero_first=True) == 0.0
+    assert m.wanted(0.1, zero_first=False) == 0.1
+
+
+def test_fluid_probe_rounds_feed_algorithm1_to_the_same_bracket() -> None:
+    """With real probe noise (100-request means) w_max still lands near the 5x point."""
+    model = FluidModel([FluidDip("d", 1, 50.0), FluidDip("e", 8, 200.0)], total_rate=500.0, seed=3)
+    s = ControllerSettings()
+    m = DipMeasurement("d", enqueued_at=0.0)
+    for step in range(40):
+        wanted = m.wanted(0.5, zero_first=True)
+        if wanted is None:
+            break
+        model.set_weights({"d": wanted, "e": 1 - wanted}, float(step))
+        m.record(wanted, model.measure(float(step) + 1)["d"], s, 0.5, float(step), scheduled=True)
+    capacity = model.capacity_share("d")
+    assert m.done and 0.55 * capacity <= m.w_max < 0.9 * capacity

@@ -1,0 +1,125 @@
+"""Pure parts of the probe worker: assignment, round summaries, the outage buffer, options."""
+
+from __future__ import annotations
+
+import pytest
+
+from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.model import Measurement
+from probes.assignment import assigned_to, rendezvous_owner
+from probes.buffer import RoundBuffer
+from probes.summary import RoundSamples, nearest_rank, summarise
+from probes.worker import ProbeWorkerOptions
+
+RESOURCES = [f"web:d{i}" for i in range(300)]
+
+
+def test_rendezvous_gives_every_resource_one_owner_and_spreads_them() -> None:
+    members = ["w1", "w2", "w3"]
+    shares = [assigned_to(m, RESOURCES, members) for m in members]
+    assert set().union(*shares) == set(RESOURCES)
+    assert sum(len(s) for s in shares) == len(RESOURCES)
+    assert all(70 <= len(s) <= 130 for s in shares)
+    assert rendezvous_owner("web:d1", []) is None
+
+
+def test_rendezvous_moves_only_the_leaving_or_joining_members_share() -> None:
+    before = {r: rendezvous_owner(r, ["w1", "w2", "w3"]) for r in RESOURCES}
+    after_leave = {r: rendezvous_owner(r, ["w1", "w3"]) for r in RESOURCES}
+    moved = [r for r in RESOURCES if before[r] != after_leave[r]]
+    assert moved and all(before[r] == "w2" for r in moved)
+    after_join = {r: rendezvous_owner(r, ["w1", "w2", "w3", "w4"]) for r in RESOURCES}
+    moved = [r for r in RESOURCES if before[r] != after_join[r]]
+    assert moved and all(after_join[r] == "w4" for r in moved)
+
+
+def test_a_member_not_yet_listed_counts_itself_live() -> None:
+    assert assigned_to("w9", RESOURCES, []) == set(RESOURCES)
+
+
+def test_summary_keeps_success_and_failure_latency_apart() -> None:
+    samples = RoundSamples(success_latencies=[0.010, 0.020, 0.030, 0.040])
+    samples.add_error("status_503", 0.001)
+    samples.add_timeout(1.0)
+    m = summarise(samples, vip="web", dip="d1", time=5.0, weight=0.25, worker="w1")
+    assert (m.sent, m.successes, m.errors, m.timeouts) == (6, 4, 1, 1)
+    assert m.latency_mean == pytest.approx(0.025)
+    assert (m.latency_p50, m.latency_p90, m.latency_p99) == (0.020, 0.040, 0.040)
+    assert m.failure_latency_mean == pytest.approx(0.5005)
+    assert samples.error_kinds == {"status_503": 1}
+
+
+def test_summary_of_a_round_without_successes() -> None:
+    samples = RoundSamples()
+    samples.add_error("connection", 0.0001)
+    m = summarise(samples, vip="web", dip="d1", time=1.0, weight=0.0, worker="w1")
+    assert m.latency_mean is None and m.latency_p99 is None and m.success_rate == 0.0
+
+
+def test_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert nearest_rank(values, 0.5) == 50.0
+    assert nearest_rank(values, 0.99) == 99.0
+    assert nearest_rank(values, 1.0) == 100.0
+    assert nearest_rank([], 0.5) is None
+
+
+def _round(t: float) -> list[Measurement]:
+    return [Measurement(vip="web", dip=d, time=t, weight=0.5, sent=1, successes=1, errors=0, timeouts=0,
+                        latency_mean=0.01, latency_p50=0.01, latency_p90=0.01, latency_p99=0.01,
+                        failure_latency_mean=None, worker="w1") for d in ("d1", "d2")]
+
+
+def test_buffer_drops_the_oldest_beyond_its_bound_and_counts() -> None:
+    buffer = RoundBuffer(max_rounds=3)
+    dropped = [buffer.push(_round(float(t))) for t in range(5)]
+    assert dropped == [0, 0, 0, 1, 1]
+    assert (buffer.dropped_rounds, buffer.dropped_measurements) == (2, 4)
+    assert [m.time for m in buffer.peek_all()] == [2.0, 2.0, 3.0, 3.0, 4.0, 4.0]
+    buffer.pop_rounds(2)
+    assert [m.time for m in buffer.peek_all()] == [4.0, 4.0]
+    with pytest.raises(ValueError, match="max_buffered_rounds"):
+        RoundBuffer(0)
+
+
+def test_worker_options_refuse_bad_values_by_name() -> None:
+    with pytest.raises(InvalidInputError, match="worker_id"):
+        ProbeWorkerOptions(worker_id="bad id")
+    with pytest.raises(InvalidInputError, match="lease_ttl"):
+        ProbeWorkerOptions(worker_id="w1", lease_ttl=0)
+    with pytest.raises(InvalidInputError, match="max_buffered_rounds"):
+        ProbeWorkerOptions(worker_id="w1", max_buffered_rounds=0)
+
+
+async def test_takeover_and_rebalance_follow_the_injected_clock() -> None:
+    from knapsack_lb.clock import FakeClock
+    from knapsack_lb.model import DipConfig, ProbeSpec, VipConfig
+    from knapsack_lb.store_memory import MemoryLatencyStore
+    from probes.worker import ProbeWorker
+
+    clock = FakeClock(1000.0)
+    store = MemoryLatencyStore(clock=clock)
+    dips = tuple(DipConfig(name=f"d{i}", address=f"127.0.0.1:{9000 + i}") for i in range(12))
+    await store.put_vip(VipConfig(name="web", dips=dips, probe=ProbeSpec(interval=1.0)))
+    workers = {w: ProbeWorker(store, ProbeWorkerOptions(worker_id=w), clock=clock) for w in ("wa", "wb")}
+    for _ in range(2):
+        for worker in workers.values():
+            await worker.refresh()
+    everything = {f"web:{d.name}" for d in dips}
+    assert workers["wa"].owned | workers["wb"].owned == everything
+    assert not workers["wa"].owned & workers["wb"].owned and workers["wa"].owned and workers["wb"].owned
+    assert workers["wa"].lease_ttl == pytest.approx(0.5)
+
+    clock.advance(0.4)  # wb dies: no more refreshes from it; its leases are still valid
+    await workers["wa"].refresh()
+    assert workers["wa"].owned != everything
+    clock.advance(0.2)  # past wb's TTL (0.5 s after its last refresh)
+    await workers["wa"].refresh()
+    assert workers["wa"].owned == everything
+
+    workers["wc"] = ProbeWorker(store, ProbeWorkerOptions(worker_id="wc"), clock=clock)
+    await workers["wc"].refresh()  # heartbeat; wa still holds everything
+    await workers["wa"].refresh()  # wa sees wc and releases wc's share
+    await workers["wc"].refresh()  # wc leases it
+    assert workers["wc"].owned and workers["wa"].owned | workers["wc"].owned == everything
+    assert not workers["wa"].owned & workers["wc"].owned
