@@ -155,7 +155,9 @@ def solve(
             coarse = f" (nested in the {units}-unit grid: CBC slows sharply with large coefficients in constraint (b))"
             problem = problem.with_units(grid_units)
     if chosen == "exact":
-        k, ran, detail, problem = _exact(problem, objective, units, max(pinned_latency.values(), default=-math.inf))
+        # a DIP pinned at weight 0 serves nothing, so its latency does not bound the largest one
+        carrying = [value for i, value in pinned_latency.items() if cols.pin[i] > 0]
+        k, ran, detail, problem = _exact(problem, objective, units, max(carrying, default=-math.inf))
     elif chosen == "ilp":
         result = solve_levels(problem, paper_levels(problem, levels), imbalance=imbalance, time_limit=time_limit)
         k, ran = result.k, "ilp"

@@ -138,6 +138,17 @@ def test_max_objective_ignores_dips_without_traffic() -> None:
     assert solution.objective == pytest.approx(0.001 + 0.01 * 0.25, rel=1e-9)
 
 
+def test_max_objective_ignores_a_slow_dip_pinned_at_zero() -> None:
+    # found by the property test: the pinned DIP's latency at weight 0 was taken as a floor
+    drained = DipInput("drained", QueueingCurve(0.0078125, 0.0078125, 1.0), 0.5, pin=0.0)
+    flat = DipInput("flat", QuadraticCurve(0.0078125, 0.0, 0.0), 0.5)
+    slower = DipInput("slower", QuadraticCurve(0.009765625, 0.0, 0.0), 0.5)
+    rising = DipInput("rising", QuadraticCurve(0.00390625, 0.0, 0.015625), 0.5)
+    solution = solve([drained, flat, slower, rising], objective="max", units=20)
+    assert solution.weights == {"drained": 0.0, "flat": 0.5, "slower": 0.0, "rising": 0.5}
+    assert solution.objective == pytest.approx(0.0078125, rel=1e-12)
+
+
 def test_total_below_one_is_split_exactly() -> None:
     dips = table3_pool(10, np.random.default_rng(4))
     solution = solve(dips, total=0.6)
