@@ -436,6 +436,8 @@ class VipController:
         assert m is not None
         dip.l0 = m.l0
         clean = [(w, latency) for w, latency, dropped in m.points if not dropped]
+        if m.l0 is not None and not any(w <= 0 for w, _ in clean):
+            clean.insert(0, (0.0, m.l0))  # a refresh starts at the current weight; l_0 is still known
         drops = [(w, latency) for w, latency, dropped in m.points if dropped]
         dip.points = clean[-self.settings.max_fit_points:]
         dip.drop_points = drops[-self.settings.max_fit_points:]
@@ -484,12 +486,16 @@ class VipController:
             for dip in self.dips.values():
                 if dip.ready:
                     self._rescale(dip, verdict.traffic_factor)
+        notes = list(verdict.notes)
         for name, k in verdict.capacity.items():
             dip = self.dips[name]
+            if k > 1 and self.settings.remeasure_on_gain:
+                self._start_refresh(dip, now)
+                continue
             self._rescale(dip, k)
             if name in verdict.observed and self.settings.learn_operating_points:
                 self._learn_point(dip, *verdict.observed[name], now=now)
-        return list(verdict.notes)
+        return notes
 
     def _learn_point(self, dip: DipState, weight: float, latency: float, *, now: float) -> None:
         """Ours: keep the averaged observation at the operating point and refit, so a curve whose
@@ -532,6 +538,7 @@ class VipController:
         m = DipMeasurement(dip.name, enqueued_at=now, refresh=True, l0=dip.l0, pending_zero=dip.l0 is None,
                            pending_equal=False, w_cur=current)
         m.target = max(current, self.settings.safety.min_weight, 1e-4) if dip.l0 is not None else None
+        m.threshold = dip.w_max if dip.w_max > 0 else None
         dip.measuring = m
 
     # --- 8. the plan ----------------------------------------------------------------------------
@@ -624,18 +631,47 @@ class VipController:
         if finished:
             def solve_remainder(dips: Sequence[str], total: float) -> Mapping[str, float]:
                 return self._solve(list(dips), total, {}, self.settings.solver_objective).weights
-        capacity = None
-        if self.settings.measurement_remainder == "capacity":
-            capacity = {n: self._capacity_estimate(n, equal) for n in live}
-        schedule = schedule_round(requests, finished, others, solve_remainder, max_zero=max_zero, capacity=capacity)
+        capacity = {n: self._capacity_estimate(n, equal) for n in live}
+        by_capacity = self.settings.measurement_remainder == "capacity"
+        schedule = schedule_round(requests, finished, others, solve_remainder, max_zero=max_zero,
+                                  capacity=capacity if by_capacity else None, fallback_capacity=capacity)
         self.scheduled = dict(schedule.scheduled)
         self.measurement_rounds += 1
         note = (f"measurement round {self.measurement_rounds}: {len(schedule.scheduled)} DIPs at Algorithm 1 weights, "
                 f"{len(schedule.deferred)} deferred; remainder {schedule.remainder:.3f} by {schedule.remainder_method}")
         weights = {n: schedule.weights.get(n, 0.0) for n in self.dips}
+        self._slow_start_measurement(now, weights, schedule.scheduled, live)
         return self._emit(weights, now, f"measurement/{schedule.remainder_method}",
                           [*reasons, note] + ([schedule.note] if schedule.note else []), flags=("measuring",),
                           force=True)
+
+    def _ramp_caps(self, now: float, solved: Mapping[str, float], live: Sequence[str]) -> dict[str, float]:
+        """Slow start: a returning DIP's cap rises linearly from ``min_weight`` to its solved weight."""
+        s = self.settings.safety
+        ramp: dict[str, float] = {}
+        if s.slow_start > 0:
+            for name in live:
+                back = self.dips[name].returned_at
+                if back is not None and now - back < s.slow_start:
+                    ramp[name] = s.min_weight + solved.get(name, 0.0) * (now - back) / s.slow_start
+                elif back is not None:
+                    self.dips[name].returned_at = None
+        return ramp
+
+    def _slow_start_measurement(self, now: float, weights: dict[str, float], scheduled: Mapping[str, float],
+                                live: Sequence[str]) -> None:
+        """Slow start holds in measurement rounds too: a returning DIP's share of the remainder is
+        capped by its ramp and the excess goes to the other unscheduled DIPs by their weights."""
+        ramp = {n: cap for n, cap in self._ramp_caps(now, weights, live).items() if n not in scheduled}
+        excess = sum(max(0.0, weights[n] - cap) for n, cap in ramp.items())
+        takers = {n: w for n, w in weights.items() if n not in scheduled and n not in ramp and w > 0}
+        if excess <= 0 or not takers:
+            return
+        for name, cap in ramp.items():
+            weights[name] = min(weights[name], cap)
+        mass = sum(takers.values())
+        for name, w in takers.items():
+            weights[name] = w + excess * w / mass
 
     def _capacity_estimate(self, name: str, equal: float) -> float:
         """A DIP's estimated capacity as a weight: ``w_max`` of its curve, else the largest weight it
@@ -723,14 +759,7 @@ class VipController:
         for name in starved:
             solved[name] = 0.0
         healthy = {n for n in live if n not in pins}
-        ramp: dict[str, float] = {}
-        if s.safety.slow_start > 0:
-            for name in live:
-                back = self.dips[name].returned_at
-                if back is not None and now - back < s.safety.slow_start:
-                    ramp[name] = s.safety.min_weight + solved.get(name, 0.0) * (now - back) / s.safety.slow_start
-                elif back is not None:
-                    self.dips[name].returned_at = None
+        ramp = self._ramp_caps(now, solved, live)
         if ramp:
             flags.append("slow-start")
         previous = None if self.plan is None or "measuring" in self.plan.flags else dict(self.plan.weights)

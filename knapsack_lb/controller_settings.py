@@ -167,6 +167,27 @@ class ControllerSettings(BaseModel):
         True, description="Ours: on a capacity change, also add the averaged observation at the DIP's current weight "
         "to its points and refit (fixes curve shape, not just scale). False = the paper's pure rescale."
     )
+    remeasure_on_gain: bool = Field(
+        True, description="Ours: a capacity gain (latency below the curve) sends the DIP back to Algorithm 1 instead "
+        "of rescaling its curve: in the flat part of a curve latency says little about capacity, so a rescale "
+        "from it is a guess, and a noisy guess upward can plan the DIP past its true capacity. False = the paper's "
+        "rescale (at half strength)."
+    )
+    refresh_cautious_step: float = Field(
+        0.1, ge=0, le=1, description="Ours: a refresh's Algorithm 1 runs up to the DIP's previous w_max and then "
+        "grows its weight by at most this fraction per iteration (TCP-like: the old w_max is ssthresh), so that "
+        "re-measuring a live DIP does not jump past its capacity. 0 = the paper's unbounded run."
+    )
+    refresh_knee_elasticity: float = Field(
+        4.0, ge=0, description="Ours: a refresh beyond the old w_max stops when a step's arc elasticity "
+        "ln(l_i/l_i-1)/ln(w_i/w_i-1) reaches this (about 80 % utilisation under M/M/c for any number of cores; the "
+        "paper's 5x-l_0 drop comes near 97 % on 8 cores). 0 = off."
+    )
+    traffic_drift_threshold: float = Field(
+        0.03, ge=0, lt=1, description="Ours: a pool-wide drift of the latencies against the curves smaller than a "
+        "traffic change (e.g. what is left after one) is corrected once its slope-weighted estimate exceeds this "
+        "capacity factor (fraction) and three standard errors, for change_confirmations rounds. 0 = off (paper)."
+    )
     change_confirmations: int = Field(
         2, ge=1, le=10, description="Consecutive rounds a deviation must persist before it is acted on (1 = paper)."
     )
@@ -202,6 +223,9 @@ class ControllerSettings(BaseModel):
             raise ValueError(
                 f"max_fit_points ({self.max_fit_points}) must be >= min_fit_points ({self.min_fit_points})"
             )
+        if 0 < self.refresh_cautious_step <= self.convergence_fraction:
+            raise ValueError(f"refresh_cautious_step ({self.refresh_cautious_step}) must be 0 or larger than "
+                             f"convergence_fraction ({self.convergence_fraction}), or a capped step ends the run")
         if self.circuit_breaker.max_ejection_time < self.circuit_breaker.ejection_time:
             raise ValueError("circuit_breaker.max_ejection_time must be >= circuit_breaker.ejection_time")
         return self
@@ -215,6 +239,10 @@ class ControllerSettings(BaseModel):
             change_confirmations=1,
             run_capped_by_drop=False,
             learn_operating_points=False,
+            remeasure_on_gain=False,
+            refresh_cautious_step=0.0,
+            refresh_knee_elasticity=0.0,
+            traffic_drift_threshold=0.0,
             circuit_breaker=CircuitBreakerSettings(enabled=False),
             safety=SafetySettings(min_weight=0.0, max_weight_change=1.0, slow_start=0.0, overload_headroom=0.0),
         )

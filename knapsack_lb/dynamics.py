@@ -13,9 +13,17 @@ paper's example: 5 ms at 0.5, now 7 ms at 0.5, the old curve reached 7 ms at 0.6
   at least ``traffic_change_quorum`` of them moved the same way, for
   ``change_confirmations`` rounds; every curve is then shifted by the *median* ``k`` (traffic
   moves every DIP alike; the median is robust to the noise of one DIP).
+* Traffic shift estimate (ours): the per-DIP factors are combined by a median weighted by each
+  DIP's squared elasticity ``(d ln l / d ln w)^2`` at its weight, over the mean of the
+  confirming rounds: a DIP in the flat part of its curve says little about its load.
+* Traffic drift (ours, ``traffic_drift_threshold``): what a shift leaves (or a change below the
+  traffic threshold) is estimated by slope-weighted least squares over the DIPs' recent mean
+  deviations, with a robust standard error, and corrected when significant.
 * Capacity change: one DIP's latency is off its curve's estimate by more than
   ``capacity_change_threshold`` (paper: 20 %) for ``change_confirmations`` rounds, or at once
-  when its round is a drop (it is overloaded now); only that DIP's curve is rescaled.
+  when its round is a drop (it is overloaded now); only that DIP's curve is rescaled. A gain
+  (ours, ``remeasure_on_gain``) sends the DIP back to Algorithm 1 instead: in a curve's flat
+  part latency hardly tells capacity, and an upward guess can plan past the true capacity.
 * Failures are handled by the controller (no successful probe: removed, re-solved).
 * Refresh: finished curves older than ``refresh_period`` are re-measured, at most
   ``refresh_budget`` of the pool's estimated capacity (sum of ``w_max``) at once.
@@ -91,6 +99,49 @@ def shift_factor(curve: LatencyCurve, weight: float, observed: float, w_max: flo
     return min(K_MAX, max(K_MIN, weight / w_prime))
 
 
+def elasticity(curve: LatencyCurve, weight: float) -> float:
+    """``d ln l / d ln w`` of the curve at ``weight`` (central difference, 1 %): how much a DIP's
+    latency says about a change of its weight axis. Near 0 in a curve's flat part (the latency
+    barely moves with the load there), large near capacity."""
+    if weight <= 0:
+        return 0.0
+    up, down = curve.latency(weight * 1.01), curve.latency(weight * 0.99)
+    if not (math.isfinite(up) and math.isfinite(down)) or up <= 0 or down <= 0:
+        return 0.0
+    return max(0.0, math.log(up / down) / (math.log(1.01) - math.log(0.99)))
+
+
+def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
+    """The value at which the cumulative weight reaches half the total (values sorted)."""
+    pairs = sorted(zip(values, weights, strict=True))
+    total = sum(w for _, w in pairs)
+    if total <= 0:
+        return statistics.median(values)
+    running = 0.0
+    for value, w in pairs:
+        running += w
+        if running >= total / 2:
+            return value
+    return pairs[-1][0]
+
+
+def pooled_shift(deviations: Mapping[str, float], slopes: Mapping[str, float]) -> tuple[float, float] | None:
+    """Least-squares estimate of ``s = -ln k`` from ``deviation_d ~ slope_d * s`` and its standard
+    error (heteroscedasticity-robust); None when no DIP carries information.
+
+    A shift of the weight axis by ``k`` moves each DIP's log-latency by about ``slope_d *
+    (-ln k)`` (``slope_d`` its elasticity), so DIPs near capacity weigh most and DIPs in a flat
+    curve part, whose latency does not depend on the load, nearly nothing.
+    """
+    names = [d for d in deviations if slopes.get(d, 0.0) > 0]
+    sxx = sum(slopes[d] ** 2 for d in names)
+    if len(names) < 3 or sxx <= 0:
+        return None
+    s = sum(slopes[d] * deviations[d] for d in names) / sxx
+    spread = sum((slopes[d] * (deviations[d] - slopes[d] * s)) ** 2 for d in names)
+    return s, math.sqrt(spread * len(names) / (len(names) - 1)) / sxx
+
+
 @dataclass
 class DipTrack:
     """What the detector remembers about one DIP since its curve last changed: the
@@ -140,6 +191,7 @@ class ChangeDetector:
     settings: ControllerSettings
     tracks: dict[str, DipTrack] = field(default_factory=dict)
     traffic_pending: int = 0
+    drift_pending: int = 0
 
     def forget(self, dip: str) -> None:
         self.tracks.pop(dip, None)
@@ -170,22 +222,36 @@ class ChangeDetector:
                 self.traffic_pending += 1
             else:
                 self.traffic_pending = 0
+            for dip, x in deviation.items():
+                self.tracks[dip].deviations = [*self.tracks[dip].deviations, x][-RECENT_ROUNDS:]
             if self.traffic_pending >= s.change_confirmations:
                 self.traffic_pending = 0
-                factors = []
+                factors, slopes = [], []
                 for dip in deviation:
                     curve, w_max = curves[dip]
                     weight = rounds[dip].weight
-                    k = shift_factor(curve, weight, rounds[dip].latency, w_max)
+                    # the mean over the confirming rounds: they all saw the new traffic
+                    recent = self.tracks[dip].deviations[-s.change_confirmations:]
+                    observed = curve.latency(weight) * math.exp(statistics.fmean(recent))
+                    k = shift_factor(curve, weight, observed, w_max)
                     if k is not None:
-                        factors.append(k)
+                        factors.append(math.log(k))
+                        slopes.append(elasticity(curve, weight) ** 2)
                 if factors:
-                    k = min(K_EVENT_MAX, max(K_EVENT_MIN, statistics.median(factors)))
+                    # slope-weighted median: a DIP in its curve's flat part gives a noisy inverse
+                    k = min(K_EVENT_MAX, max(K_EVENT_MIN, math.exp(weighted_median(factors, slopes))))
                     notes.append(f"traffic change: median latency x{math.exp(med):.3f} against the curves on "
                                  f"{judged} DIPs, {same:.0%} the same way; every curve shifted by k={k:.3f}")
                     for dip in rounds:
                         self.tracks[dip].reset()
+                    self.drift_pending = 0
                     return Verdict(traffic_factor=k, notes=tuple(notes))
+            drift = self._drift(rounds, curves)
+            if drift is not None:
+                k, note = drift
+                for dip in rounds:
+                    self.tracks[dip].reset()
+                return Verdict(traffic_factor=k, notes=(note,))
         # --- capacity: one DIP off its curve ------------------------------------------------------
         capacity: dict[str, float] = {}
         observed_points: dict[str, tuple[float, float]] = {}
@@ -205,7 +271,8 @@ class ChangeDetector:
                 continue
             if dip not in deviation:
                 continue
-            track.deviations = [*track.deviations, deviation[dip]][-RECENT_ROUNDS:]
+            if judged < 3 or judged < 0.5 * len(rounds):  # not recorded by the traffic judgement above
+                track.deviations = [*track.deviations, deviation[dip]][-RECENT_ROUNDS:]
             mean_dev = statistics.fmean(track.deviations)
             if abs(mean_dev) > math.log1p(s.capacity_change_threshold):
                 track.pending += 1
@@ -220,15 +287,46 @@ class ChangeDetector:
                     k = min(K_EVENT_MAX, max(K_EVENT_MIN, k))
                     capacity[dip] = k
                     observed_points[dip] = (view.weight, observed)
+                    action = ("back to measurement (Algorithm 1 from its current weight)"
+                              if k > 1 and s.remeasure_on_gain else f"curve rescaled by k={k:.3f}")
                     notes.append(f"capacity change on {dip}: latency {math.expm1(mean_dev):+.0%} against its curve "
-                                 f"at weight {view.weight:.4f} over {len(track.deviations)} rounds; curve rescaled "
-                                 f"by k={k:.3f}")
+                                 f"at weight {view.weight:.4f} over {len(track.deviations)} rounds; {action}")
                 track.reset()
         return Verdict(capacity=capacity, observed=observed_points, notes=tuple(notes))
+
+    def _drift(
+        self, rounds: Mapping[str, RoundView], curves: Mapping[str, tuple[LatencyCurve, float]]
+    ) -> tuple[float, str] | None:
+        """Ours: a pool-wide drift below the traffic threshold (e.g. the error left by a traffic
+        shift estimated from noisy rounds), judged on each DIP's mean deviation over its recent
+        rounds; corrected when significant (|s| > 3 standard errors and above
+        ``traffic_drift_threshold``) for ``change_confirmations`` rounds."""
+        s = self.settings
+        if s.traffic_drift_threshold <= 0:
+            return None
+        means = {d: statistics.fmean(self.tracks[d].deviations) for d in rounds
+                 if len(self.tracks[d].deviations) >= RECENT_ROUNDS}
+        slopes = {d: elasticity(curves[d][0], rounds[d].weight) for d in means}
+        found = pooled_shift(means, slopes)
+        if found is None:
+            self.drift_pending = 0
+            return None
+        shift, error = found
+        if abs(shift) > max(3 * error, math.log1p(s.traffic_drift_threshold)):
+            self.drift_pending += 1
+        else:
+            self.drift_pending = 0
+        if self.drift_pending < s.change_confirmations:
+            return None
+        self.drift_pending = 0
+        k = min(K_EVENT_MAX, max(K_EVENT_MIN, math.exp(-shift)))
+        return k, (f"traffic drift: the pool's latencies sit {math.expm1(shift):+.1%} (capacity-equivalent, "
+                   f"+-{error:.1%}) off the curves on {len(means)} DIPs; every curve shifted by k={k:.3f}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "traffic_pending": self.traffic_pending,
+            "drift_pending": self.drift_pending,
             "tracks": {d: {"deviations": t.deviations, "pending": t.pending}
                        for d, t in self.tracks.items()},
         }
@@ -239,7 +337,7 @@ class ChangeDetector:
             str(d): DipTrack([float(x) for x in t["deviations"]], int(t["pending"]))
             for d, t in data.get("tracks", {}).items()
         }
-        return cls(settings, tracks, int(data.get("traffic_pending", 0)))
+        return cls(settings, tracks, int(data.get("traffic_pending", 0)), int(data.get("drift_pending", 0)))
 
 
 def refresh_candidates(

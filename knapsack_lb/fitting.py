@@ -12,14 +12,17 @@
   magnitude near capacity). Drop points bound ``c`` from above: a DIP that dropped at
   weight ``w_d`` saturates not far above it.
 * ``piecewise`` (ours): the lower convex hull of the points, made non-decreasing, with the
-  drop threshold added at the smallest drop weight so extrapolation rises like the real DIP.
+  drop threshold added at the smallest drop weight so extrapolation rises like the real DIP,
+  and flat from the lowest point down to weight 0 when no point is at 0 (a refresh).
 * ``auto``: each model is scored by its leave-one-out error (relative RMS of the latency
   predicted at a held-out point by a fit on the others); the lowest wins, and the error is
   stored beside the curve (``CurveRecord.fit_error``).
 
 How it fails: with fewer points than parameters plus one, leave-one-out is undefined for
 some model; auto then does not compare (a 2-parameter model would always win on 3 points)
-and takes the first of queueing, quadratic, piecewise that can be fitted. All fits see only a handful of
+and takes the first of queueing, quadratic, piecewise that can be fitted. Points far from
+weight 0 (a refresh that starts at the current weight) can make a quadratic or queueing fit
+negative at 0; such a fit is skipped (the piecewise one is always positive there). All fits see only a handful of
 noisy points (the paper: 4-5): fit_error says how much to trust them.
 """
 
@@ -118,6 +121,9 @@ def fit_piecewise(
     pts = list(zip(ws.tolist(), ls.tolist(), strict=True))
     if drop_point is not None and drop_point[0] > max(ws):
         pts.append(drop_point)
+    if pts and min(pts)[0] > 0:  # no weight-0 point: flat down to 0, never extrapolated below the data
+        first = min(pts)
+        pts.append((0.0, first[1]))
     if len(pts) < 2:
         raise InvalidInputError("points", len(pts), "a piecewise fit needs at least two distinct weights")
     hull: list[tuple[float, float]] = []
@@ -192,11 +198,23 @@ def fit_curve(
     errors = {m: leave_one_out_error(m, ws, ls, upper, drop) for m in candidates} if model == "auto" else {}
     if model == "auto":
         if all(errors[m] is not None for m in candidates):
-            chosen = min(candidates, key=lambda m: (errors[m], AUTO_PREFERENCE.index(m)))
-        else:  # too few points to compare every model fairly: the preferred one that can be fitted
-            chosen = next(m for m in AUTO_PREFERENCE if len(ws) >= PARAMETERS[m] or m == "piecewise")
+            order = sorted(candidates, key=lambda m: (errors[m], AUTO_PREFERENCE.index(m)))
+        else:  # too few points to compare every model fairly: the preferred ones that can be fitted
+            order = [m for m in AUTO_PREFERENCE if len(ws) >= PARAMETERS[m] or m == "piecewise"]
+        for chosen in order:
+            curve = _fit(chosen, ws, ls, upper, drop)
+            if _usable(curve):
+                break
     else:
         chosen = model
         errors = {model: leave_one_out_error(model, ws, ls, upper, drop)}
-    curve = _fit(chosen, ws, ls, upper, drop)
+        curve = _fit(chosen, ws, ls, upper, drop)
+    if not _usable(curve):  # a fit extrapolated below 0 towards weight 0 (points far from 0): flat there
+        chosen, curve = "piecewise", fit_piecewise(ws, ls, drop)
     return FitResult(curve=curve, model=chosen, error=errors.get(chosen), errors=errors)
+
+
+def _usable(curve: LatencyCurve) -> bool:
+    """A latency curve the solver accepts: finite and positive at weight 0."""
+    at_zero = float(curve.latency(0.0))
+    return math.isfinite(at_zero) and at_zero > 0

@@ -8,7 +8,8 @@ takes every request that still fits under a total of 1; the others wait for a la
 
 The remainder ``R = 1 - W`` of the scheduled total ``W`` goes to the DIPs whose curves are
 finished, through the solver with its total constraint changed to ``R``; when that is
-infeasible (or there are no finished DIPs) it is split equally over all DIPs not scheduled.
+infeasible (or there are no finished DIPs) it is split equally over all DIPs not scheduled
+(ours: in proportion to their estimated capacities when the controller passes them).
 
 Ours on top: weight-0 requests (for ``l_0``) always "fit" but at most ``max_zero`` DIPs sit
 at 0 at once, so the rest of the pool is not overloaded at a cold start. When nothing is
@@ -81,12 +82,16 @@ def schedule_round(
     *,
     max_zero: int = 1,
     capacity: Mapping[str, float] | None = None,
+    fallback_capacity: Mapping[str, float] | None = None,
 ) -> Schedule:
     """Build one round: greedy fill, then the remainder via the solver or an equal split.
 
     ``capacity`` (ours): estimated capacity per DIP; when given, the remainder is spread over
     every DIP not scheduled (finished, deferred, others) in proportion to it instead of going
     through the solver, so it is never piled on a few DIPs whose curves happen to be done.
+    ``fallback_capacity`` (ours): when the solver fails, spread the remainder by these estimates
+    instead of the paper's equal split (on a pool of mixed sizes an equal split overloads the
+    small DIPs, as round robin does).
     """
     taken, deferred = greedy_fill(requests, max_zero=max_zero)
     total = sum(taken.values())
@@ -98,14 +103,9 @@ def schedule_round(
         weights[dip] = 0.0
     if remainder <= SUM_EPSILON:
         return Schedule(weights, taken, tuple(deferred), 0.0, "none")
+    if capacity is not None and rest and _spread_by_capacity(weights, rest, capacity, remainder):
+        return _normalised(weights, taken, deferred, remainder, "capacity")
     note = ""
-    if capacity is not None and rest:
-        estimates = {d: max(0.0, float(capacity.get(d, 0.0))) for d in rest}
-        mass = sum(estimates.values())
-        if mass > 0:
-            for dip in rest:
-                weights[dip] = remainder * estimates[dip] / mass
-            return _normalised(weights, taken, deferred, remainder, "capacity")
     if finished and solve_remainder is not None:
         try:
             solved = solve_remainder(finished, remainder)
@@ -115,6 +115,10 @@ def schedule_round(
                 weights[dip] = max(0.0, float(solved.get(dip, 0.0)))
             return _normalised(weights, taken, deferred, remainder, "solver")
         except KnapsackLBError as exc:
+            if fallback_capacity is not None and rest and _spread_by_capacity(weights, rest, fallback_capacity,
+                                                                               remainder):
+                return _normalised(weights, taken, deferred, remainder, "capacity",
+                                   f"solver on the remainder failed ({exc}); spread by estimated capacity")
             note = f"solver on the remainder failed ({exc}); equal split"
     if rest:
         share = remainder / len(rest)
@@ -131,6 +135,19 @@ def schedule_round(
     share = 1.0 / len(taken)
     return Schedule({d: share for d in taken}, {}, tuple(deferred), remainder, "equal-split",
                     "every scheduled weight was 0: equal split")
+
+
+def _spread_by_capacity(
+    weights: dict[str, float], rest: Sequence[str], capacity: Mapping[str, float], remainder: float
+) -> bool:
+    """Give ``rest`` the remainder in proportion to ``capacity``; False (nothing changed) if it is all 0."""
+    estimates = {d: max(0.0, float(capacity.get(d, 0.0))) for d in rest}
+    mass = sum(estimates.values())
+    if mass <= 0:
+        return False
+    for dip in rest:
+        weights[dip] = remainder * estimates[dip] / mass
+    return True
 
 
 def _normalised(

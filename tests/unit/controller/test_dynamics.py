@@ -10,11 +10,13 @@ from knapsack_lb.curves import PiecewiseLinearCurve, QuadraticCurve, QueueingCur
 from knapsack_lb.dynamics import (
     ChangeDetector,
     RoundView,
+    elasticity,
     estimate_drain_time,
     refresh_candidates,
     scale_curve,
     shift_factor,
     weight_for_latency,
+    weighted_median,
 )
 
 
@@ -104,3 +106,53 @@ def test_refresh_keeps_within_the_capacity_budget_oldest_first() -> None:
     assert refresh_candidates(fitted, w_max, ["a"], now=4000.0, period=1800.0, budget=0.05) == ["b"]
     assert refresh_candidates(fitted, w_max, [], now=100.0, period=1800.0, budget=0.05) == []
     assert refresh_candidates(fitted, w_max, [], now=4000.0, period=0.0, budget=0.05) == []
+
+
+def test_elasticity_of_an_mm1_curve_is_w_over_c_minus_w() -> None:
+    curve = QueueingCurve(0.0, 0.001, 0.4)
+    assert elasticity(curve, 0.2) == pytest.approx(1.0, rel=1e-3)
+    assert elasticity(curve, 0.36) == pytest.approx(9.0, rel=1e-2)
+    assert elasticity(curve, 0.0) == 0.0
+
+
+def test_weighted_median_follows_the_weights() -> None:
+    assert weighted_median([1.0, 2.0, 3.0], [1.0, 1.0, 1.0]) == 2.0
+    assert weighted_median([1.0, 2.0, 3.0], [0.1, 0.1, 5.0]) == 3.0
+
+
+def test_the_traffic_shift_trusts_dips_near_capacity_over_flat_ones() -> None:
+    """+10 % traffic; four M/M/1 DIPs near capacity tell k = 1/1.1 exactly, six nearly flat DIPs
+    show probe noise of +30 % that their flat curves turn into absurd factors."""
+    det = ChangeDetector(ControllerSettings(change_confirmations=1))
+    rate = 1000.0
+    curves = {f"busy{i}": (QueueingCurve(0.0, 1 / rate, 0.1), 0.09) for i in range(4)}
+    curves |= {f"flat{i}": (QueueingCurve(0.005, 1e-6, 10.0), 1.0) for i in range(6)}
+    rounds = {f"busy{i}": RoundView(0.07, 1 / ((0.1 - 0.07 * 1.1) * rate), 0.0) for i in range(4)}
+    rounds |= {f"flat{i}": RoundView(0.1, 1.3 * curves[f"flat{i}"][0].latency(0.1), 0.0) for i in range(6)}
+    verdict = det.observe(rounds, curves)
+    assert verdict.traffic_factor == pytest.approx(1 / 1.1, rel=1e-3)
+
+
+def test_a_drift_below_the_traffic_threshold_is_corrected_once_significant() -> None:
+    """+4 % traffic on M/M/1 DIPs: below the 10 % traffic threshold, found as a drift after
+    three rounds (each DIP's recent mean) with k = 1/1.04 to first order."""
+    rate, mus = 1000.0, {"a": 300.0, "b": 400.0, "c": 500.0, "d": 350.0}
+    weights = {"a": 0.2, "b": 0.25, "c": 0.35, "d": 0.2}
+    curves = {d: (QueueingCurve(0.0, 1 / rate, mu / rate), mu / rate * 0.8) for d, mu in mus.items()}
+    rounds = {d: RoundView(w, 1 / (mus[d] - w * rate * 1.04), 0.0) for d, w in weights.items()}
+    det = ChangeDetector(ControllerSettings(change_confirmations=1))
+    off = ChangeDetector(ControllerSettings(change_confirmations=1, traffic_drift_threshold=0.0))
+    verdicts = [det.observe(rounds, curves) for _ in range(3)]
+    assert [v.traffic_factor is None for v in verdicts] == [True, True, False]
+    assert verdicts[2].traffic_factor == pytest.approx(1 / 1.04, rel=0.02)
+    assert "traffic drift" in verdicts[2].notes[0]
+    assert all(off.observe(rounds, curves).traffic_factor is None for _ in range(5))
+
+
+def test_a_capacity_gain_is_sent_back_to_measurement_not_rescaled_blindly() -> None:
+    curves = {d: (QueueingCurve(0.0, 0.001, 0.4), 0.3) for d in "abcd"}
+    rounds = {d: RoundView(0.2, 0.005, 0.0) for d in "abc"} | {"d": RoundView(0.2, 0.0035, 0.0)}
+    for settings, action in ((ControllerSettings(change_confirmations=1), "back to measurement"),
+                             (ControllerSettings(change_confirmations=1, remeasure_on_gain=False), "rescaled")):
+        verdict = ChangeDetector(settings).observe(rounds, curves)
+        assert verdict.capacity["d"] > 1 and action in verdict.notes[0]

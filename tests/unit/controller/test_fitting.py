@@ -80,3 +80,13 @@ def test_bad_input_names_the_field() -> None:
         fit_curve([(0.1, 0.01)])
     with pytest.raises(InvalidInputError, match="curve_model"):
         fit_curve([(0.0, 0.01), (0.1, 0.02)], model="cubic")
+
+
+def test_points_far_from_weight_0_never_give_a_curve_below_0_there() -> None:
+    # a refresh starts at the current weight: a steep rise far from 0 extrapolates below 0 at 0
+    points = [(0.30, 0.010), (0.33, 0.020), (0.36, 0.045), (0.40, 0.11)]
+    for model in ("auto", "quadratic", "queueing", "piecewise"):
+        result = fit_curve(points, model=model, w_max=0.40)
+        assert result.curve.latency(0.0) > 0, model
+        if model != "quadratic":  # the paper's running maximum from weight 0 cannot follow such points
+            assert result.curve.latency(0.36) == pytest.approx(0.045, rel=0.5), model

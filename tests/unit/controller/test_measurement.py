@@ -124,3 +124,30 @@ def test_fluid_probe_rounds_feed_algorithm1_to_the_same_bracket() -> None:
         m.record(wanted, model.measure(float(step) + 1)["d"], s, 0.5, float(step), scheduled=True)
     capacity = model.capacity_share("d")
     assert m.done and 0.55 * capacity <= m.w_max < 0.9 * capacity
+
+
+def test_a_refresh_runs_up_to_its_old_w_max_then_by_cautious_steps() -> None:
+    def step(w: float) -> float:
+        return algorithm1(w, 0.0, l0=0.01, l_cur=0.01, dropped=False, threshold=0.3, cautious_step=0.1).next_weight
+
+    assert step(0.1) == pytest.approx(0.2)  # Algorithm 1's doubling, below the old w_max
+    assert step(0.2) == pytest.approx(0.3)  # capped at the old w_max
+    assert step(0.29) == pytest.approx(0.319)  # near it: the cautious step, so the cap never ends the run
+    assert step(0.3) == pytest.approx(0.33)
+    assert not algorithm1(0.3, 0.3, l0=0.01, l_cur=0.01, dropped=False, threshold=0.3, cautious_step=0.1).done
+    assert algorithm1(0.3, 0.0, l0=0.01, l_cur=0.01, dropped=False).next_weight == pytest.approx(0.6)  # paper
+
+
+@pytest.mark.parametrize(("elasticity", "stops"), [(1.0, False), (5.0, True)])
+def test_a_refresh_stops_at_the_knee_of_its_curve(elasticity: float, stops: bool) -> None:
+    settings = ControllerSettings()  # knee at arc elasticity 4
+    m = DipMeasurement("d", 0.0, refresh=True, l0=0.01, pending_zero=False, pending_equal=False, w_cur=0.1,
+                       target=0.1, threshold=0.1)
+    m.record(0.1, _m(0.015), settings, 0.1, 5.0, scheduled=True)
+    assert not m.done and m.target == pytest.approx(0.11)
+    m.record(0.11, _m(0.015 * 1.1 ** elasticity), settings, 0.1, 10.0, scheduled=True)
+    assert m.done is stops
+    if stops:
+        assert m.w_max == pytest.approx(0.11) and m.target is None
+    again = DipMeasurement.from_dict(m.to_dict())
+    assert again.to_dict() == m.to_dict()

@@ -54,6 +54,16 @@ def test_an_infeasible_remainder_is_split_equally_over_all_remaining_dips() -> N
     assert sum(sched.weights.values()) == pytest.approx(1.0)
 
 
+def test_a_failed_solver_falls_back_to_capacity_estimates_when_given() -> None:
+    def solver(dips: Sequence[str], total: float) -> Mapping[str, float]:
+        raise InfeasibleError("a curve is negative at weight 0")
+
+    requests = [MeasurementRequest("m", 0.2, PRIORITY_NORMAL, 0.0)]
+    sched = schedule_round(requests, ["small", "big"], [], solver, fallback_capacity={"small": 0.1, "big": 0.3})
+    assert sched.remainder_method == "capacity" and "spread by estimated capacity" in sched.note
+    assert sched.weights == pytest.approx({"m": 0.2, "small": 0.2, "big": 0.6})
+
+
 def test_with_nobody_left_the_scheduled_weights_are_scaled_and_no_longer_count() -> None:
     sched = schedule_round([MeasurementRequest("a", 0.2, PRIORITY_NORMAL, 0.0),
                             MeasurementRequest("b", 0.2, PRIORITY_NORMAL, 0.0)], [], [], None)
