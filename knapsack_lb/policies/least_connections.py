@@ -26,10 +26,11 @@ class LeastConnections(StatelessPolicy):
         best: list[int] = []
         best_n = 0
         excluded = request.excluded
+        outstanding = view.outstanding  # bound once: this loop runs for every placement
         for dip in range(len(view.dip_names)):
             if dip in excluded:
                 continue
-            n = view.outstanding(dip)
+            n = outstanding(dip)
             if not best or n < best_n:
                 best, best_n = [dip], n
             elif n == best_n:

@@ -6,6 +6,10 @@ plain heap with callbacks reaches the speed target (``klb bench sim``) with room
 Events at the same time run in the order they were scheduled (the sequence number breaks
 ties), so a run is a pure function of its inputs and the seeds of its random streams.
 
+Hot paths of the simulator (``server.py``, ``simulation.py``) push ``(time, next(sequence),
+callback, argument)`` onto ``queue`` themselves instead of calling ``at``: the same entry without
+a Python call per event (they only schedule at ``now`` or later).
+
 How it fails: a callback that raises stops ``run`` with that exception (nothing is
 swallowed); scheduling into the past raises ``ValueError``.
 """
@@ -23,23 +27,23 @@ Callback = Callable[[Any], None]
 class Engine:
     """Virtual time and an event queue; ``now`` only moves forward."""
 
-    __slots__ = ("_queue", "_sequence", "events_run", "now")
+    __slots__ = ("events_run", "now", "queue", "sequence")
 
     def __init__(self, start: float = 0.0) -> None:
         self.now = start
-        self._queue: list[tuple[float, int, Callback, Any]] = []
-        self._sequence = itertools.count()
+        self.queue: list[tuple[float, int, Callback, Any]] = []
+        self.sequence = itertools.count()
         self.events_run = 0
 
     def at(self, time: float, callback: Callback, argument: Any = None) -> None:
         """Run ``callback(argument)`` at absolute simulated ``time``."""
         if time < self.now:
             raise ValueError(f"cannot schedule at {time!r}: the engine is already at {self.now!r}")
-        heapq.heappush(self._queue, (time, next(self._sequence), callback, argument))
+        heapq.heappush(self.queue, (time, next(self.sequence), callback, argument))
 
     def after(self, delay: float, callback: Callback, argument: Any = None) -> None:
         """Run ``callback(argument)`` ``delay`` seconds from now (``delay`` >= 0)."""
-        heapq.heappush(self._queue, (self.now + delay, next(self._sequence), callback, argument))
+        heapq.heappush(self.queue, (self.now + delay, next(self.sequence), callback, argument))
 
     def every(
         self,
@@ -65,17 +69,22 @@ class Engine:
 
     def run(self, until: float) -> None:
         """Run events with time <= ``until``; afterwards ``now == until``."""
-        queue = self._queue
+        queue = self.queue
         pop = heapq.heappop
         count = 0
-        while queue and queue[0][0] <= until:
-            time, _, callback, argument = pop(queue)
+        while queue:
+            item = pop(queue)
+            time = item[0]
+            if time > until:
+                # the first event past the horizon goes back (same sequence number: same order)
+                heapq.heappush(queue, item)
+                break
             self.now = time
-            callback(argument)
+            item[2](item[3])
             count += 1
         self.events_run += count
         self.now = max(self.now, until)
 
     @property
     def pending(self) -> int:
-        return len(self._queue)
+        return len(self.queue)

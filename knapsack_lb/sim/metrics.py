@@ -39,6 +39,14 @@ class Recorder:
         self.dip.append(dip)
         self.attempts.append(min(attempts, 127))
 
+    def ok(self, start: float, latency: float, dip: int, attempts: int) -> None:
+        """``request(start, latency, "ok", dip, attempts)``, the common case, with fewer lookups."""
+        self.start.append(start)
+        self.latency.append(latency)
+        self.status.append(0)
+        self.dip.append(dip)
+        self.attempts.append(attempts if attempts < 127 else 127)
+
 
 @dataclass(frozen=True)
 class SimResult:

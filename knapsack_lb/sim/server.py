@@ -22,11 +22,11 @@ once (fast) or after full service (slow).
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 from collections import deque
 from collections.abc import Callable
+from heapq import heappop, heappush
 from typing import Literal
 
 from knapsack_lb.policies.bloc import DynamicCapacity, aqm_admits, issue_chip
@@ -74,6 +74,7 @@ class SimDip:
         self.name = name
         self.workers = workers
         self.discipline = discipline
+        self._ps = discipline == "ps"
         self.base_speed = speed
         self.speed = speed
         # BLOC's Cap: a number, or "dynamic" (section IV.D: the average active requests of the last 30 s window)
@@ -99,6 +100,7 @@ class SimDip:
         self._virtual = 0.0
         self._version = 0
         self._event_time = math.inf
+        self._ps_done_event = self._ps_done  # bound once: the completion callback of every push
         # utilisation accounting
         self._area = 0.0
         self._last = engine.now
@@ -182,14 +184,47 @@ class SimDip:
                 job.on_answer(job, "error", self.inflight, False)
                 return
             job.fail_after = True
-        job.arrived = self.engine.now
+        engine = self.engine
+        now = engine.now
+        job.arrived = now
         self.inflight += 1
-        if self.discipline == "ps":
-            self._ps_add(job)
-        elif self._busy < self.workers:
-            self._fcfs_start(job)
-        else:
-            self._queue.append(job)
+        if not self._ps:
+            if self._busy < self.workers:
+                self._fcfs_start(job)
+            else:
+                self._queue.append(job)
+            return
+        # processor sharing: join at virtual tag V + size. _touch(), the rate and the lazy
+        # _ps_reschedule() are written out here and in _ps_done with the same arithmetic, because a
+        # Python call per step was most of a request's cost (``klb bench sim``)
+        heap = self._heap
+        speed = self.speed
+        c = self.workers
+        dt = now - self._last
+        if dt > 0:
+            n = len(heap)
+            if n:
+                if n <= c:
+                    self._area += n / c * dt
+                    self._virtual += speed * dt
+                else:
+                    self._area += dt
+                    self._virtual += speed * c / n * dt
+        self._last = now
+        virtual = self._virtual
+        tag = job.tag = virtual + job.size
+        self._seq += 1
+        heappush(heap, (tag, self._seq, job))
+        # lazy: an arrival only slows service down, so a pending completion event that fires no
+        # later than needed is kept (it re-checks when it fires)
+        n = len(heap)
+        wait = (heap[0][0] - virtual) / (speed if n <= c else speed * c / n)
+        when = now + (wait if wait > 0.0 else 0.0)
+        if when >= self._event_time:
+            return
+        self._version += 1
+        self._event_time = when
+        heappush(engine.queue, (when, next(engine.sequence), self._ps_done_event, self._version))
 
     def probe(self, job: Job) -> None:
         """A lightweight probe (health check, load query): answered at once without service."""
@@ -216,7 +251,7 @@ class SimDip:
             job.on_answer(job, "error", self.inflight, False)
         else:
             self.ok_count += 1
-            job.on_answer(job, "ok", self.inflight, self._chip())
+            job.on_answer(job, "ok", self.inflight, self._chip() if self.chips else False)
 
     # FCFS
     def _fcfs_start(self, job: Job) -> None:
@@ -235,53 +270,84 @@ class SimDip:
             self._fcfs_start(self._queue.popleft())
         self._finish(job)
 
-    # processor sharing
+    # processor sharing (arrivals join in ``arrive``)
     def _ps_rate(self) -> float:
         n = len(self._heap)
         return self.speed if n <= self.workers else self.speed * self.workers / n
 
-    def _ps_add(self, job: Job) -> None:
-        self._touch()
-        job.tag = self._virtual + job.size
-        self._seq += 1
-        heapq.heappush(self._heap, (job.tag, self._seq, job))
-        self._ps_reschedule(lazy=True)
-
-    def _ps_reschedule(self, lazy: bool = False) -> None:
-        """Schedule the next completion. ``lazy``: keep a pending event that fires no later than
-        needed (an arrival only slows service down); it re-checks when it fires. This avoids one
-        stale event per arrival."""
+    def _ps_reschedule(self) -> None:
+        """Schedule the next completion (after a capacity change, or an event that fired early);
+        ``arrive`` and ``_ps_done`` have their own copies inline (``arrive``'s is lazy: it keeps a
+        pending event that fires no later than needed, since an arrival only slows service down)."""
         heap = self._heap
         if not heap:
             self._version += 1
             self._event_time = math.inf
             return
         when = self.engine.now + max(0.0, (heap[0][0] - self._virtual) / self._ps_rate())
-        if lazy and when >= self._event_time:
-            return
         self._version += 1
         self._event_time = when
         self.engine.at(when, self._ps_done, self._version)
 
     def _ps_done(self, version: int) -> None:
         if version != self._version:
-            return
+            return  # superseded by an earlier completion event
         self._event_time = math.inf
-        self._touch()
-        finished = []
+        engine = self.engine
+        now = engine.now
         heap = self._heap
-        limit = self._virtual + 1e-12
-        while heap and heap[0][0] <= limit:
-            finished.append(heapq.heappop(heap)[2])
-        if not finished:
-            if (heap[0][0] - self._virtual) / self._ps_rate() > 1e-9:
+        speed = self.speed
+        c = self.workers
+        # _touch()
+        dt = now - self._last
+        if dt > 0:
+            n = len(heap)
+            if n:
+                if n <= c:
+                    self._area += n / c * dt
+                    self._virtual += speed * dt
+                else:
+                    self._area += dt
+                    self._virtual += speed * c / n * dt
+        self._last = now
+        virtual = self._virtual
+        limit = virtual + 1e-12
+        top = heap[0]  # a live completion event implies a non-empty heap (fail() retires it)
+        finished: list[Job] | None
+        if top[0] <= limit:
+            heappop(heap)
+            if heap and heap[0][0] <= limit:  # several finish at once (same tag within 1e-12)
+                finished = [top[2]]
+                while heap and heap[0][0] <= limit:
+                    finished.append(heappop(heap)[2])
+            else:
+                finished = None
+        else:
+            n = len(heap)
+            if (top[0] - virtual) / (speed if n <= c else speed * c / n) > 1e-9:
                 self._ps_reschedule()  # fired early: arrivals slowed service since it was scheduled
                 return
-            finished.append(heapq.heappop(heap)[2])  # rounding: a hair short; finish it
-        self._virtual = max(self._virtual, finished[-1].tag)
-        self._ps_reschedule()
-        for job in finished:
-            self._finish(job)
+            heappop(heap)  # rounding: a hair short; finish it
+            finished = None
+        last = top[2] if finished is None else finished[-1]
+        tag = last.tag
+        if tag > virtual:
+            self._virtual = virtual = tag
+        # _ps_reschedule()
+        if heap:
+            n = len(heap)
+            wait = (heap[0][0] - virtual) / (speed if n <= c else speed * c / n)
+            when = now + (wait if wait > 0.0 else 0.0)
+            self._version += 1
+            self._event_time = when
+            heappush(engine.queue, (when, next(engine.sequence), self._ps_done_event, self._version))
+        else:
+            self._version += 1
+        if finished is None:
+            self._finish(top[2])
+        else:
+            for job in finished:
+                self._finish(job)
 
     # ----- scheduled changes --------------------------------------------------------------
     def set_speed(self, factor: float) -> None:

@@ -52,3 +52,8 @@ def test_bench_sim_reports_speed() -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["requests"] > 500 and data["requests_per_cpu_second"] > 0 and data["dips"] == 3
+    # the target is judged on one named figure, and the verdict is that figure against the target
+    assert data["target_applies_to"] == "requests_per_cpu_second_median"
+    assert data["meets_target"] == (data["requests_per_cpu_second_median"] >= data["target_requests_per_second"])
+    assert data["requests_per_cpu_second_median"] == data["requests_per_cpu_second"]  # one run: median = fastest
+    assert 2.0 < data["events_per_request"] < 10.0

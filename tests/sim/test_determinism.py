@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from knapsack_lb.sim.simulation import run
+from knapsack_lb.policies.base import LbView, Outcome
+from knapsack_lb.policies.least_connections import LeastConnections
+from knapsack_lb.sim.simulation import Simulation, run
 from knapsack_lb.sim.spec import load_scenario
 
 
@@ -35,3 +37,36 @@ def test_l7_closed_loop_with_spikes_and_retries_is_deterministic() -> None:
     )
     a, b = run(sc, "least_response_time", seed=5), run(sc, "least_response_time", seed=5)
     assert a.latencies.tolist() == b.latencies.tolist()
+
+
+class _ObservingLeastConnections(LeastConnections):
+    """Least connections that also looks at every outcome: the simulator then takes its general path
+    (an ``Outcome`` per answer, ``_conclude``/``_final``) instead of the status-only path."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def observe(self, outcome: Outcome, view: LbView) -> None:
+        self.seen += 1
+
+
+def test_status_only_path_gives_the_same_run_as_the_outcome_path() -> None:
+    """The fast path for policies that never observe (docs/simulator.md, "Speed") must not change a
+    run: the same policy through the general path draws and records exactly the same."""
+    layer4 = small("knapsack-paper30", duration=4.0)
+    layer7 = small("l7-basics", duration=4.0).with_changes(
+        network={"rtt": 0.001, "spikes": [{"dips": [0], "extra": 0.05, "duration": 0.2, "per_minute": 30}]},
+        lb={"timeout": 0.5, "retries": {"max_attempts": 2}},
+    )
+    for sc in (layer4, layer7):
+        fast = Simulation(sc, "least_connections", seed=3)
+        general = Simulation(sc, "least_connections", seed=3, policy_factory=lambda ctx: _ObservingLeastConnections())
+        assert not fast.lbs[0].observes and general.lbs[0].observes
+        a, b = fast.run(), general.run()
+        assert sum(lb.policy.seen for lb in general.lbs) >= b.ok > 0  # type: ignore[attr-defined]
+        sa, sb = a.summary(), b.summary()
+        sa.pop("wall_seconds")
+        sb.pop("wall_seconds")
+        assert sa == sb
+        for key in ("start", "latency", "status"):
+            assert (a.series[key] == b.series[key]).all(), key
