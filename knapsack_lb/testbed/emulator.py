@@ -14,7 +14,16 @@ seconds without using capacity (shared/seeds/003: a fast failure is not fast ser
 
 Every response carries ``X-Backend: <name>``, ``X-Inflight: <n>`` (requests in the
 service model when the response left, this one included) and ``X-Server-Latency:
-<seconds>`` (from the request's last byte to the response, as the server saw it).
+<seconds>`` (from the arrival of the request's last byte at the emulator's socket to the
+response).
+
+Known latency means punctual: the emulated service of a request starts when the request
+reached the socket (the kernel's receive timestamp, Linux ``SO_TIMESTAMPNS``; sockets are
+read with ``recvmsg`` by :class:`_SocketTransport` because asyncio's transports drop it),
+not when this process got round to reading it, and ends on time thanks to the service
+model's busy-wait timers when asked for (:mod:`knapsack_lb.testbed.queueing`, ``--spin-limit``). What is
+left between a client and the injected time is the loopback round trip and the HTTP
+handling on both sides.
 
 Reserved paths: ``GET /health`` (200, no work), ``GET /stats`` (JSON counters),
 ``POST /admin/capacity?factor=F`` (noisy neighbour: service rate times ``F``),
@@ -22,8 +31,9 @@ Reserved paths: ``GET /health`` (200, no work), ``GET /stats`` (JSON counters),
 (zero the counters).
 
 HTTP/1.1 with keep-alive (``Connection: close`` honoured), requests on one connection
-answered in order. Written on ``asyncio.Protocol`` with no dependency: one process serves
-tens of thousands of requests per second, far more than the probe benchmark needs.
+answered in order. Written on the event loop with no dependency (an ``asyncio.Protocol``
+parser over non-blocking sockets, :class:`_SocketTransport`): one process serves thousands of
+requests per second, far more than the probe benchmark needs.
 
 Run as a subprocess::
 
@@ -44,6 +54,8 @@ import math
 import random
 import selectors
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
@@ -61,6 +73,13 @@ FailureMode = Literal["fast", "slow"]
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
 _MAX_HEADER_BYTES = 64 * 1024
+_READ_BYTES = 65536
+# Linux <asm-generic/socket.h>: SO_TIMESTAMPNS (_OLD) = SCM_TIMESTAMPNS = 35, a struct timespec
+# of two native longs (the constant is not exported by Python's socket module).
+_SO_TIMESTAMPNS = 35
+_TIMESPEC = struct.Struct("@ll")
+_ANCILLARY_BYTES = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+_MAX_KERNEL_WAIT = 10.0  # seconds: a longer wait in the socket is taken for a clock step and ignored
 
 
 @dataclass(frozen=True)
@@ -79,11 +98,12 @@ class EmulatorConfig:
     failure_delay: float = 0.5
     seed: int = 0
     body: bytes = b"ok\n"
+    spin_limit: float = 0.0  # busy-wait bound for punctual departures (queueing module); 0 = plain timers
 
     def __post_init__(self) -> None:
         validate_name("name", self.name)
         ServiceTimes(self.service_time, self.distribution, self.sigma)  # validates
-        ServiceModel(self.mode, self.workers, self.capacity, time_fn=lambda: 0.0)  # validates
+        ServiceModel(self.mode, self.workers, self.capacity, spin_limit=self.spin_limit)  # validates
         _check_failure(self.failure_probability, self.failure_mode, self.failure_delay)
 
 
@@ -134,13 +154,13 @@ class Emulator:
         self.config = config
         self._rng = random.Random(config.seed)
         self._times = ServiceTimes(config.service_time, config.distribution, config.sigma)
-        self._model = ServiceModel(config.mode, config.workers, config.capacity)
+        self._model = ServiceModel(config.mode, config.workers, config.capacity, spin_limit=config.spin_limit)
         self._failure_probability = config.failure_probability
         self._failure_mode: FailureMode = config.failure_mode
         self._failure_delay = config.failure_delay
         self._stats = EmulatorStats()
         self._busy_offset = 0.0
-        self._server: asyncio.Server | None = None
+        self._listeners: list[_Listener] = []
         self._protocols: set[_HttpProtocol] = set()
         self.host = ""
         self.port = 0
@@ -150,9 +170,26 @@ class Emulator:
         """Listen on ``host:port`` (0 = any free port); returns the port."""
         validate_host("host", host)
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _HttpProtocol(self), host, port, reuse_address=True)
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        if not infos:
+            raise OSError(f"cannot listen on {host!r}: no address")
+        for family, kind, proto, _, address in infos[:1] if port == 0 else infos:
+            listening = socket.socket(family, kind, proto)
+            try:
+                listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    listening.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                listening.bind(address)
+                _enable_timestamps(listening)  # stamps what arrives before accept() too; inherited
+                listening.listen(1024)
+                listening.setblocking(False)
+            except BaseException:
+                listening.close()
+                await self.stop()
+                raise
+            self._listeners.append(_Listener(self, listening))
         self.host = host
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        self.port = int(self._listeners[0].sock.getsockname()[1])
         return self.port
 
     @property
@@ -160,12 +197,11 @@ class Emulator:
         return format_address(self.host, self.port)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            for protocol in list(self._protocols):
-                protocol.abort()
-            await self._server.wait_closed()
-            self._server = None
+        for listener in self._listeners:
+            listener.close()
+        self._listeners = []
+        for protocol in list(self._protocols):
+            protocol.abort()
 
     # --- run-time control ---------------------------------------------------------------
     @property
@@ -200,6 +236,8 @@ class Emulator:
             capacity=self.capacity, in_flight=self._model.in_system,
             failure_probability=self._failure_probability, failure_mode=self._failure_mode,
             mean_server_latency=stats.mean_server_latency,
+            timer_lead=self._model.lead, timer_spins=self._model.spins,
+            timer_spin_seconds=self._model.spin_seconds, timer_late_wakeups=self._model.late_wakeups,
         )
         return data
 
@@ -243,7 +281,7 @@ class Emulator:
             stats.server_latency_sum += latency
             respond(200, self.config.body, latency)
 
-        job = self._model.submit(work, served)
+        job = self._model.submit(work, served, age=time.perf_counter() - arrived)
         return None if job is None else (lambda: self._model.cancel(job))
 
     async def handle(self, request: _Request) -> tuple[int, bytes, float]:
@@ -303,14 +341,14 @@ class _HttpProtocol(asyncio.Protocol):
         self._emulator = emulator
         self._buffer = bytearray()
         self._queue: deque[_Request] = deque()
-        self._transport: asyncio.Transport | None = None
+        self._transport: _SocketTransport | None = None
         self._current: _Request | None = None
         self._abandon: Callable[[], None] | None = None
         self._dispatching = False
         self._closing = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        assert isinstance(transport, _SocketTransport)
         self._transport = transport
         self._emulator._protocols.add(self)
         self._emulator._stats.connections += 1
@@ -369,7 +407,8 @@ class _HttpProtocol(asyncio.Protocol):
             if not target.startswith("/"):  # absolute form: keep path and query only
                 split = urlsplit(target)
                 target = (split.path or "/") + ("?" + split.query if split.query else "")
-            self._queue.append(_Request(parts[0], target, close, time.perf_counter()))
+            arrived = self._transport.arrival if self._transport is not None else time.perf_counter()
+            self._queue.append(_Request(parts[0], target, close, arrived))
             if close:
                 self._closing = True
         if self._current is None:
@@ -406,6 +445,150 @@ class _HttpProtocol(asyncio.Protocol):
             return
         if not self._dispatching:
             self._next()
+
+
+class _SocketTransport(asyncio.Transport):
+    """One accepted connection on a non-blocking socket, read with ``recvmsg`` for the kernel's
+    receive timestamp (``SO_TIMESTAMPNS``).
+
+    asyncio's own transports read with ``recv``, which drops that timestamp. With it, a
+    request's arrival (``arrival``, on ``time.perf_counter``'s clock) is when its last bytes
+    reached the socket, not when this process got round to reading them: the emulated
+    service starts then, so the emulator's own wake-up delay is not added to the injected
+    latency (and is counted in ``X-Server-Latency``). Writes go straight to ``send``; what
+    the socket does not take at once is buffered and written when it is writable.
+    """
+
+    def __init__(self, sock: socket.socket, protocol: _HttpProtocol) -> None:
+        super().__init__()
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._loop = asyncio.get_running_loop()
+        self._protocol = protocol
+        self._out = bytearray()
+        self._closing = False
+        self._closed = False
+        self._timestamps = _enable_timestamps(sock)
+        self.arrival = 0.0
+        protocol.connection_made(self)
+        self._loop.add_reader(self._fd, self._on_readable)
+
+    def _on_readable(self) -> None:
+        kernel_ns = 0
+        try:
+            if self._timestamps:
+                data, ancillary, _flags, _address = self._sock.recvmsg(_READ_BYTES, _ANCILLARY_BYTES)
+                for level, kind, value in ancillary:
+                    if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(value) >= _TIMESPEC.size:
+                        seconds, nanoseconds = _TIMESPEC.unpack_from(value)
+                        kernel_ns = seconds * 1_000_000_000 + nanoseconds
+            else:
+                data = self._sock.recv(_READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as error:
+            self._finish(error)
+            return
+        if not data:
+            self._finish(None)
+            return
+        now = time.perf_counter()
+        waited = (time.time_ns() - kernel_ns) * 1e-9 if kernel_ns else 0.0
+        self.arrival = now - waited if 0.0 < waited < _MAX_KERNEL_WAIT else now
+        self._protocol.data_received(data)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closing or self._closed:
+            return
+        if not self._out:
+            try:
+                sent = self._sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as error:
+                self._finish(error)
+                return
+            if sent == len(data):
+                return
+            data = memoryview(data)[sent:]
+            self._loop.add_writer(self._fd, self._on_writable)
+        self._out += data
+
+    def _on_writable(self) -> None:
+        try:
+            sent = self._sock.send(self._out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as error:
+            self._finish(error)
+            return
+        del self._out[:sent]
+        if not self._out:
+            self._loop.remove_writer(self._fd)
+            if self._closing:
+                self._finish(None)
+
+    def is_closing(self) -> bool:
+        return self._closing or self._closed
+
+    def close(self) -> None:
+        """Close once everything written so far has been sent."""
+        if self._closing or self._closed:
+            return
+        self._closing = True
+        self._loop.remove_reader(self._fd)
+        if not self._out:
+            self._finish(None)
+
+    def abort(self) -> None:
+        self._finish(None)
+
+    def _finish(self, exc: Exception | None) -> None:
+        if self._closed:
+            return
+        self._closed = self._closing = True
+        self._loop.remove_reader(self._fd)
+        self._loop.remove_writer(self._fd)
+        self._out.clear()
+        self._sock.close()
+        self._protocol.connection_lost(exc)
+
+
+def _enable_timestamps(sock: socket.socket) -> bool:
+    if not sys.platform.startswith("linux") or not _ANCILLARY_BYTES:
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+    except OSError:
+        return False
+    return True
+
+
+class _Listener:
+    """A listening socket; each accepted connection gets a :class:`_SocketTransport`."""
+
+    def __init__(self, emulator: Emulator, sock: socket.socket) -> None:
+        self.sock = sock
+        self._emulator = emulator
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(sock.fileno(), self._accept)
+
+    def _accept(self) -> None:
+        for _ in range(64):
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # out of descriptors, aborted connection: the next accept may work
+                return
+            conn.setblocking(False)
+            with contextlib.suppress(OSError):
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _SocketTransport(conn, _HttpProtocol(self._emulator))
+
+    def close(self) -> None:
+        self._loop.remove_reader(self.sock.fileno())
+        self.sock.close()
 
 
 # --- in-process fleet -------------------------------------------------------------------
@@ -531,6 +714,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--failure-delay", type=float, default=0.5, help="seconds before a slow failure answers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--duration", type=float, default=None, help="stop by itself after this many seconds")
+    p.add_argument("--spin-limit", type=float, default=0.0,
+                   help="seconds of busy-wait allowed before a departure to make it punctual, e.g. 0.0005 "
+                        "(costs CPU; default 0 = plain timers, a few tenths of a ms late)")
     p.add_argument("--loop", choices=["select", "epoll"], default="select",
                    help="select: microsecond timers, fds < 1024; epoll: millisecond timers, no fd limit")
     return p
@@ -545,7 +731,7 @@ async def _serve(args: argparse.Namespace) -> None:
             name=name, mode=args.mode, workers=args.workers, service_time=args.service_time,
             distribution=args.distribution, sigma=args.sigma, capacity=args.capacity,
             failure_probability=args.failure_probability, failure_mode=args.failure_mode,
-            failure_delay=args.failure_delay, seed=args.seed + i,
+            failure_delay=args.failure_delay, seed=args.seed + i, spin_limit=args.spin_limit,
         )
         emulator = Emulator(config)
         await emulator.start(args.host, port)

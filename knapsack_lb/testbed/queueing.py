@@ -16,8 +16,22 @@ and sets one timer for the next departure:
   sharing; M/G/1-PS for ``workers == 1``).
 
 A capacity change (``set_capacity``, a noisy neighbour) applies at once to the jobs in
-service. Timer precision is the event loop's: on Linux a timer fires a few tens of
-microseconds late, so server-side latencies run slightly above the injected work.
+service.
+
+Timer precision. An operating-system timer fires late: on the shared development VM a
+2 ms ``select`` timeout returned 0.1-0.15 ms late (median), a 20 ms one 0.15-0.24 ms late,
+with or without other load, so a plain ``call_at`` made a 2 ms service time last about
+2.15 ms (7% too long). With ``spin_limit`` > 0 the model therefore asks the loop to wake it ``lead`` seconds
+before the next departure and busy-waits (``time.monotonic``) for the rest. ``lead``
+adapts to the wake-ups it sees: it tracks the 95th percentile of their lateness (a
+stochastic quantile estimate: up by 0.95 x ``_LEAD_STEP`` after a wake-up that came too
+late, down by 0.05 x ``_LEAD_STEP`` after one in time), bounded by ``spin_limit``
+(:data:`PUNCTUAL_SPIN_LIMIT`, 0.5 ms, is what the probe benchmark uses). It is opt-in (the
+default ``spin_limit`` is 0, plain timers) because it costs CPU: each departure spins for the lead
+minus the actual lateness, some tens of microseconds. While it spins the loop runs nothing
+else, so other emulators on the same loop may start a request that much later (their own
+departures are still exact: a wake-up that comes late does not spin). An injected
+``time_fn`` (a fake clock) turns the busy-wait off.
 """
 
 from __future__ import annotations
@@ -34,6 +48,10 @@ Mode = Literal["fcfs", "ps"]
 Distribution = Literal["fixed", "exponential", "lognormal"]
 
 _DONE_EPSILON = 1e-9
+PUNCTUAL_SPIN_LIMIT = 0.0005  # seconds: a busy-wait bound that covers this VM's usual timer lateness
+_LEAD_INITIAL = 0.0002  # seconds: the first wake-up lead, before any lateness was seen
+_LEAD_STEP = 0.00002  # seconds: quantile-tracking step of the lead
+_LEAD_QUANTILE = 0.95  # the lead tracks this quantile of the wake-up lateness
 
 
 @dataclass(frozen=True)
@@ -77,17 +95,23 @@ class ServiceModel:
 
     Not thread-safe: call every method on the loop that runs it. ``busy_seconds`` is the
     integral of ``min(n, workers)`` over time (worker-seconds spent serving) and
-    ``work_done`` the work of the jobs that completed.
+    ``work_done`` the work of the jobs that completed. ``spin_limit`` bounds the busy-wait
+    that makes departures punctual (module docstring; 0 = plain timers); ``spins`` and
+    ``spin_seconds`` count it, ``late_wakeups`` counts departures whose wake-up came after
+    the departure time anyway.
     """
 
     def __init__(
-        self, mode: Mode, workers: int = 1, capacity: float = 1.0, time_fn: Callable[[], float] | None = None
+        self, mode: Mode, workers: int = 1, capacity: float = 1.0, time_fn: Callable[[], float] | None = None,
+        spin_limit: float = 0.0,
     ) -> None:
         if mode not in ("fcfs", "ps"):
             raise ValueError(f"mode must be 'fcfs' or 'ps', got {mode!r}")
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
         self._check_capacity(capacity)
+        if not isinstance(spin_limit, (int, float)) or not 0.0 <= spin_limit <= 0.01:
+            raise ValueError(f"spin limit must be in [0, 0.01] seconds, got {spin_limit!r}")
         self.mode: Mode = mode
         self.workers = workers
         self._capacity = capacity
@@ -96,6 +120,13 @@ class ServiceModel:
         self._ids = itertools.count()
         self._last = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._due = 0.0  # when the timer's departure is due (the timer itself fires ``_lead`` earlier)
+        self._timed = False  # the timer was set for a future time (its lateness says something)
+        self._spin_limit = 0.0 if time_fn is not None else float(spin_limit)
+        self._lead = min(_LEAD_INITIAL, self._spin_limit)
+        self.spins = 0
+        self.spin_seconds = 0.0
+        self.late_wakeups = 0
         self.busy_seconds = 0.0
         self.work_done = 0.0
         self.completed = 0
@@ -125,8 +156,9 @@ class ServiceModel:
             return [(job_id, rate) for job_id in self._jobs]
         return [(job_id, self._capacity if i < self.workers else 0.0) for i, job_id in enumerate(self._jobs)]
 
-    def _advance(self) -> None:
-        now = self._now()
+    def _advance(self, now: float | None = None) -> None:
+        if now is None:
+            now = self._now()
         elapsed = now - self._last
         self._last = now
         if elapsed <= 0 or not self._jobs:
@@ -150,27 +182,64 @@ class ServiceModel:
         next_in = min((self._jobs[j].remaining / r for j, r in self._rates() if r > 0), default=None)
         if next_in is not None:
             loop = asyncio.get_running_loop()
-            self._timer = loop.call_at(self._last + next_in, self._on_timer)
+            self._due = self._last + next_in
+            # A departure already due (a back-dated job, see submit) is not a timer to learn from.
+            self._timed = next_in > self._lead
+            self._timer = loop.call_at(self._due - self._lead, self._on_timer)
+
+    @property
+    def lead(self) -> float:
+        """Seconds before a departure the loop is asked to wake the model (0 without busy-wait)."""
+        return self._lead
 
     def _on_timer(self) -> None:
         self._timer = None
+        if self._spin_limit > 0:
+            self._wait_until_due()
         self._advance()
         self._finish_done()
         self._reschedule()
 
-    def submit(self, work: float, on_done: Callable[[], None]) -> int | None:
+    def _wait_until_due(self) -> None:
+        """Busy-wait from an early wake-up to the departure time, and adapt the lead."""
+        due = self._due
+        now = self._now()
+        if now >= due:  # the wake-up came too late even with the lead: lead it more
+            if self._timed:
+                self.late_wakeups += 1
+                self._lead = min(self._spin_limit, self._lead + _LEAD_QUANTILE * _LEAD_STEP)
+            return
+        self._lead = max(0.0, self._lead - (1.0 - _LEAD_QUANTILE) * _LEAD_STEP)
+        if due - now > self._spin_limit:  # the loop woke us far too early: _reschedule sets a new timer
+            return
+        started = now
+        while now < due:
+            now = self._now()
+        self.spins += 1
+        self.spin_seconds += now - started
+
+    def submit(self, work: float, on_done: Callable[[], None], age: float = 0.0) -> int | None:
         """Start a job of ``work`` seconds (at capacity 1); ``on_done()`` runs on the loop when it completes.
 
+        ``age``: the job arrived that many seconds ago (the emulator passes how long the
+        request waited in the kernel and the parser before the model saw it), so it is
+        entered at ``now - age``, but never before the last event the model already
+        processed (the model's past is not rewritten): from then on it counts for the
+        other jobs' rates (processor sharing) and is served as if it had been there.
         Returns the job id for :meth:`cancel`, or None when ``work <= 0`` (then ``on_done``
         has already run).
         """
         if work <= 0:
             on_done()
             return None
-        self._advance()
+        now = self._now()
+        entered = max(self._last, now - age) if age > 0 else now
+        self._advance(entered)
         job_id = next(self._ids)
         self._jobs[job_id] = _Job(work, work, on_done)
         self.work_done += work
+        if entered < now:
+            self._advance(now)  # the new job was in the system since ``entered``
         self._reschedule()
         return job_id
 

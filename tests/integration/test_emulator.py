@@ -10,7 +10,7 @@ import time
 import pytest
 
 from knapsack_lb.procs import ManagedProcess, free_port, wait_for_port
-from knapsack_lb.testbed.emulator import EmulatorConfig, EmulatorFleet
+from knapsack_lb.testbed.emulator import Emulator, EmulatorConfig, EmulatorFleet
 
 
 def _conn(address: str) -> http.client.HTTPConnection:
@@ -142,3 +142,39 @@ def test_concurrent_requests_share_or_queue_by_mode(mode: str, expected: list[fl
         assert latencies[0] == pytest.approx(expected[0], abs=0.03)
         assert latencies[1] == pytest.approx(expected[1], abs=0.03)
         assert fleet.stats("dip").busy_seconds == pytest.approx(0.1, abs=0.03)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_TIMESTAMPNS is Linux's")
+async def test_service_starts_when_the_request_reaches_the_socket_not_when_it_is_read() -> None:
+    """The emulator's loop is busy for 30 ms after a request arrives: the injected 50 ms still
+    run from the request's arrival (kernel receive timestamp), and X-Server-Latency counts the wait."""
+    import asyncio
+    import socket
+    import threading
+
+    emulator = Emulator(EmulatorConfig("late", service_time=0.05, distribution="fixed"))
+    port = await emulator.start("127.0.0.1", 0)
+    go = threading.Event()
+    result: dict[str, float] = {}
+
+    def client() -> None:
+        go.wait(5)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:  # the kernel accepts it
+            start = time.perf_counter()
+            sock.sendall(b"GET /work HTTP/1.1\r\nHost: x\r\n\r\n")
+            reply = b""
+            while not reply.endswith(b"ok\n"):
+                reply += sock.recv(65536)
+            result["elapsed"] = time.perf_counter() - start
+            result["server"] = float(reply.split(b"X-Server-Latency: ")[1].split(b"\r\n")[0])
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        go.set()
+        time.sleep(0.03)  # the emulator's loop is busy: the request arrives but is not read yet
+        await asyncio.to_thread(thread.join, 5)
+    finally:
+        await emulator.stop()
+    assert result["elapsed"] == pytest.approx(0.05, abs=0.015)  # not 0.05 + most of the 0.03
+    assert 0.05 <= result["server"] <= result["elapsed"]
