@@ -1,27 +1,51 @@
-"""A minimal HTTP/1.1 keep-alive client for probes, on ``asyncio.Protocol``.
+"""A minimal HTTP/1.1 keep-alive client for probes, on a non-blocking socket and the event loop.
 
 KnapsackLB section 6.7 reports 4,500 probe requests per second on one core; a general
 client (httpx) spends most of that budget on its own machinery. This one does only what
 a probe needs: one request at a time on one kept-alive connection, the response's status
 and the time from just before the request is written to the arrival of the last byte of
-the body (``time.perf_counter``, monotonic), measured inside ``data_received`` so event
-loop scheduling after the response does not inflate it.
+the body (``time.perf_counter``, monotonic).
+
+**When the last byte arrived.** The probe process is asleep while it waits; the kernel
+wakes it when the response comes, and on a virtual machine that wake-up alone took
+0.02-0.15 ms when idle (longer after a longer sleep) and up to milliseconds on a loaded
+machine. That delay is the probe's, not the DIP's. So the socket asks the kernel for a
+receive timestamp (Linux ``SO_TIMESTAMPNS``: the time the segment reached the socket, on
+the real-time clock) and the read that completes the body subtracts how long the bytes
+waited in the socket (``read_delay`` = real-time now - kernel timestamp, both read within
+microseconds of each other, so a clock step or slew between them is negligible and an
+implausible value, negative or longer than the request, is ignored) from the monotonic
+reading. Without kernel timestamps (another OS, or ``kernel_timestamps=False``) the time is
+the monotonic clock when the read happened, as before.
 
 It understands ``Content-Length`` bodies, ``Transfer-Encoding: chunked``, bodies ended by
 the server closing (no length), ``HEAD`` (no body), interim 1xx responses (skipped) and
 ``Connection: close`` (the next request reconnects). The connection set-up is not part of
 a request's time (as on a kept-alive connection); a failed connect is, and counts as an
 error. A timeout aborts the connection, because a late response would otherwise be read
-as the answer to the next request.
+as the answer to the next request. The socket is read with ``recvmsg`` from a
+``loop.add_reader`` callback (asyncio's transports read with ``recv``, which drops the
+timestamp) and written with ``send``; ``TCP_NODELAY`` is set.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
+import struct
+import sys
 import time
 from dataclasses import dataclass
 
 from knapsack_lb.names import format_address
+
+# Linux <asm-generic/socket.h>: SO_TIMESTAMPNS (_OLD) = SCM_TIMESTAMPNS = 35, a struct timespec
+# of two native longs; Python's socket module does not export the constant.
+SO_TIMESTAMPNS = 35
+_TIMESPEC = struct.Struct("@ll")
+_ANCILLARY_BYTES = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+_READ_BYTES = 65536
 
 
 class ProbeTimeout(Exception):
@@ -34,51 +58,96 @@ class ProbeConnectionError(Exception):
 
 @dataclass(frozen=True)
 class ProbeResponse:
+    """One response: status, latency (seconds, send to last byte) and how long the last bytes
+    waited in the socket before the probe read them (``read_delay``, already left out of
+    ``latency``; 0 without kernel timestamps)."""
+
     status: int
     latency: float
+    read_delay: float = 0.0
 
 
-class _ResponseProtocol(asyncio.Protocol):
-    def __init__(self, head_request: bool) -> None:
-        self.transport: asyncio.Transport | None = None
+def _enable_timestamps(sock: socket.socket) -> bool:
+    if not sys.platform.startswith("linux") or not _ANCILLARY_BYTES:
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError:
+        return False
+    return True
+
+
+class _Connection:
+    """One connected socket: reads on the loop, parses one response at a time."""
+
+    def __init__(self, sock: socket.socket, head_request: bool, timestamps: bool) -> None:
+        self.sock = sock
+        self.loop = asyncio.get_running_loop()
         self.head_request = head_request
+        self.timestamps = timestamps
         self.buffer = bytearray()
-        self.waiter: asyncio.Future[tuple[int, float]] | None = None
+        self.waiter: asyncio.Future[tuple[int, float, float]] | None = None
         self.closed = False
         self.keep_alive = True
         self._until_close_status: int | None = None
+        self._kernel_ns = 0  # kernel receive time of the last read (real-time clock, ns); 0 = none
+        self.loop.add_reader(sock.fileno(), self._on_readable)
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            if self._until_close_status is not None:
-                waiter.set_result((self._until_close_status, time.perf_counter()))
+    def _on_readable(self) -> None:
+        try:
+            if self.timestamps:
+                data, ancillary, _flags, _address = self.sock.recvmsg(_READ_BYTES, _ANCILLARY_BYTES)
+                self._kernel_ns = 0
+                for level, kind, value in ancillary:
+                    if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(value) >= _TIMESPEC.size:
+                        seconds, nanoseconds = _TIMESPEC.unpack_from(value)
+                        self._kernel_ns = seconds * 1_000_000_000 + nanoseconds
             else:
-                waiter.set_exception(ProbeConnectionError(f"connection closed mid-response ({exc or 'EOF'})"))
-
-    def eof_received(self) -> bool | None:
-        return None  # close the transport; connection_lost settles the waiter
-
-    def data_received(self, data: bytes) -> None:
+                data = self.sock.recv(_READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as error:
+            self._lost(error)
+            return
+        if not data:
+            self._lost(None)
+            return
         self.buffer += data
-        if self.waiter is None or self.waiter.done():
-            if not self.waiter:
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            if waiter is None:
                 self.buffer.clear()  # unsolicited bytes between requests
             return
         try:
-            self._parse()
+            self._parse(waiter)
         except ProbeConnectionError as bad:
-            self.waiter.set_exception(bad)
-            if self.transport is not None:
-                self.transport.abort()
+            waiter.set_exception(bad)
+            self.close()
 
-    def _parse(self) -> None:
-        assert self.waiter is not None
+    def _lost(self, exc: Exception | None) -> None:
+        waiter = self.waiter
+        self.close()
+        if waiter is not None and not waiter.done():
+            if self._until_close_status is not None:
+                waiter.set_result((self._until_close_status, time.perf_counter(), 0.0))
+            else:
+                waiter.set_exception(ProbeConnectionError(f"connection closed mid-response ({exc or 'EOF'})"))
+
+    def _arrival(self) -> tuple[float, float]:
+        """Monotonic time the bytes just read reached the socket, and how long they waited there."""
+        now = time.perf_counter()
+        if not self._kernel_ns:
+            return now, 0.0
+        waited = (time.time_ns() - self._kernel_ns) * 1e-9
+        return now, waited
+
+    def _parse(self, waiter: asyncio.Future[tuple[int, float, float]]) -> None:
         while True:
             if self._until_close_status is not None:
                 self.buffer.clear()
@@ -118,9 +187,9 @@ class _ResponseProtocol(asyncio.Protocol):
                 length = int(text)
             if len(self.buffer) < body_start + length:
                 return
-            done_at = time.perf_counter()
+            done_at, waited = self._arrival()
             del self.buffer[: body_start + length]
-            self.waiter.set_result((status, done_at))
+            waiter.set_result((status, done_at, waited))
             return
 
 
@@ -151,70 +220,117 @@ class KeepAliveClient:
 
     ``request()`` returns a :class:`ProbeResponse` or raises :class:`ProbeTimeout` /
     :class:`ProbeConnectionError`; after either it reconnects on the next call.
+    ``kernel_timestamps=False`` times with the monotonic clock at the read only (the module
+    docstring says why the default is better). Counters: ``connects``, ``responses``,
+    ``timestamped`` (responses timed with a kernel timestamp) and ``read_delay_sum``
+    (seconds left out of their latencies).
     """
 
     def __init__(
         self, host: str, port: int, *, method: str = "GET", path: str = "/",
-        headers: dict[str, str] | None = None, timeout: float = 1.0,
+        headers: dict[str, str] | None = None, timeout: float = 1.0, kernel_timestamps: bool = True,
     ) -> None:
         self.host = host
         self.port = port
         self.timeout = timeout
         self.head_request = method == "HEAD"
+        self.kernel_timestamps = kernel_timestamps
         lines = [f"{method} {path} HTTP/1.1", f"Host: {format_address(host, port)}", "User-Agent: klb-probe"]
         lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
         if method == "POST" and not any(k.lower() == "content-length" for k in headers or {}):
             lines.append("Content-Length: 0")
         self._request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        self._protocol: _ResponseProtocol | None = None
+        self._connection: _Connection | None = None
         self.connects = 0
+        self.responses = 0
+        self.timestamped = 0
+        self.read_delay_sum = 0.0
 
-    async def _connect(self) -> _ResponseProtocol:
-        loop = asyncio.get_running_loop()
+    async def _addresses(self) -> list[tuple[int, tuple[str, int] | tuple[str, int, int, int]]]:
         try:
-            _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: _ResponseProtocol(self.head_request), self.host, self.port),
-                timeout=self.timeout,
-            )
+            literal = ipaddress.ip_address(self.host)
+        except ValueError:
+            infos = await asyncio.get_running_loop().getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            return [(family, address) for family, _, _, _, address in infos]  # type: ignore[misc]
+        family = socket.AF_INET6 if literal.version == 6 else socket.AF_INET
+        return [(family, (self.host, self.port))]
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        where = format_address(self.host, self.port)
+        error: Exception | None = None
+        try:
+            async with asyncio.timeout(self.timeout):
+                for family, address in await self._addresses():
+                    sock = socket.socket(family, socket.SOCK_STREAM)
+                    try:
+                        sock.setblocking(False)
+                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                        timestamps = self.kernel_timestamps and _enable_timestamps(sock)
+                        await loop.sock_connect(sock, address)
+                    except BaseException as failed:
+                        sock.close()
+                        if not isinstance(failed, OSError):
+                            raise
+                        error = failed
+                        continue
+                    self.connects += 1
+                    return _Connection(sock, self.head_request, timestamps)
         except TimeoutError:
-            raise ProbeTimeout(f"connect to {format_address(self.host, self.port)} timed out") from None
-        except OSError as error:
-            raise ProbeConnectionError(f"connect to {format_address(self.host, self.port)}: {error}") from None
-        self.connects += 1
-        return protocol
+            raise ProbeTimeout(f"connect to {where} timed out") from None
+        except OSError as failed:  # name resolution
+            error = failed
+        raise ProbeConnectionError(f"connect to {where}: {error}")
 
     async def request(self) -> ProbeResponse:
-        protocol = self._protocol
-        if protocol is None or protocol.closed or not protocol.keep_alive:
+        connection = self._connection
+        if connection is None or connection.closed or not connection.keep_alive:
             self.close()
-            protocol = self._protocol = await self._connect()
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[tuple[int, float]] = loop.create_future()
-        protocol.waiter = waiter
-        protocol.buffer.clear()
+            connection = self._connection = await self._connect()
+        loop = connection.loop
+        waiter: asyncio.Future[tuple[int, float, float]] = loop.create_future()
+        connection.waiter = waiter
+        connection.buffer.clear()
         timer = loop.call_later(self.timeout, _expire, waiter)
-        assert protocol.transport is not None
+        request = self._request
         started = time.perf_counter()
-        protocol.transport.write(self._request)
         try:
-            status, done_at = await waiter
+            try:
+                sent = connection.sock.send(request)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as error:
+                raise ProbeConnectionError(f"send to {format_address(self.host, self.port)}: {error}") from None
+            if sent < len(request):
+                try:
+                    await loop.sock_sendall(connection.sock, request[sent:])
+                except OSError as error:
+                    raise ProbeConnectionError(f"send to {format_address(self.host, self.port)}: {error}") from None
+            status, done_at, waited = await waiter
         except (ProbeTimeout, ProbeConnectionError):
             self.close()
             raise
         finally:
             timer.cancel()
-            protocol.waiter = None
-        if not protocol.keep_alive:
+            connection.waiter = None
+        elapsed = done_at - started
+        if 0.0 < waited < elapsed:  # plausible: the bytes waited that long in the socket
+            elapsed -= waited
+            self.timestamped += 1
+            self.read_delay_sum += waited
+        else:
+            waited = 0.0
+        self.responses += 1
+        if not connection.keep_alive:
             self.close()
-        return ProbeResponse(status, done_at - started)
+        return ProbeResponse(status, elapsed, waited)
 
     def close(self) -> None:
-        if self._protocol is not None:
-            if self._protocol.transport is not None:
-                self._protocol.transport.abort()
-            self._protocol = None
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
 
 
-def _expire(waiter: asyncio.Future[tuple[int, float]]) -> None:
+def _expire(waiter: asyncio.Future[tuple[int, float, float]]) -> None:
     if not waiter.done():
         waiter.set_exception(ProbeTimeout("no complete response within the timeout"))

@@ -4,7 +4,9 @@ Every probe interval of a VIP (``ProbeSpec.interval``, default 5 s) each of its 
 ``requests_per_round`` requests (default 100) sent straight to the DIP's address,
 bypassing the load balancer, sequentially per DIP on one kept-alive connection and
 concurrently across DIPs (at most ``max_concurrency`` at once). Each request is timed from
-just before it is written to the last byte of the body (:mod:`probes.http_client`).
+just before it is written to the arrival of the last byte of the body at the probe's
+socket (the kernel's receive timestamp where there is one, so the worker's own wake-up
+delay is not counted: :mod:`probes.http_client`).
 Timeouts (``ProbeSpec.timeout``, default 1 s), connection errors and unexpected statuses
 are counted and timed as failures. A DIP's round stops sending when the interval is over
 (so a DIP that times out every request costs at most one interval, and ``sent`` says how
@@ -119,6 +121,8 @@ class WorkerStats:
     live_members: int = 0
     cpu_seconds: float = 0.0
     started_at: float = 0.0
+    kernel_timestamped: int = 0  # responses timed by the kernel's receive timestamp (probes.http_client)
+    read_delay_seconds: float = 0.0  # the probe's own wake-up delay, left out of those latencies
 
 
 @dataclass
@@ -321,7 +325,13 @@ class ProbeWorker:
 
         async def one(target: ProbeTarget) -> RoundSamples:
             async with self._semaphore:
-                return await probe_target(self._client(target), target, deadline)
+                client = self._client(target)
+                timestamped, read_delay = client.timestamped, client.read_delay_sum
+                try:
+                    return await probe_target(client, target, deadline)
+                finally:
+                    self.stats.kernel_timestamped += client.timestamped - timestamped
+                    self.stats.read_delay_seconds += client.read_delay_sum - read_delay
 
         results = await asyncio.gather(*(one(t) for t in targets))
         measurements = [

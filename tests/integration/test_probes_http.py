@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import sys
+import threading
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -97,3 +101,55 @@ async def test_head_requests_expect_no_body(serve: object) -> None:
     client = KeepAliveClient("127.0.0.1", port, method="HEAD")
     assert [(await client.request()).status for _ in range(2)] == [200, 200]
     assert client.connects == 1
+
+
+class _ThreadServer:
+    """A blocking socket server on a thread: answers each request at once, whatever the test's loop does."""
+
+    REPLY = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n"
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        with conn:
+            buffer = b""
+            while True:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                buffer += data
+                while b"\r\n\r\n" in buffer:
+                    _, buffer = buffer.split(b"\r\n\r\n", 1)
+                    conn.sendall(self.REPLY)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_TIMESTAMPNS is Linux's")
+@pytest.mark.parametrize("kernel_timestamps", [True, False])
+async def test_the_probes_own_wake_up_delay_is_left_out_with_kernel_timestamps(kernel_timestamps: bool) -> None:
+    """The response is in the socket at once; the probe's loop is busy for 50 ms before it reads it.
+    With the kernel's receive timestamp the latency is the round trip, not the probe's delay."""
+    server = _ThreadServer()
+    client = KeepAliveClient("127.0.0.1", server.port, kernel_timestamps=kernel_timestamps)
+    try:
+        await client.request()  # connect
+        task = asyncio.ensure_future(client.request())
+        await asyncio.sleep(0)  # the request is written; the task waits for the response
+        time.sleep(0.05)  # the probe process is busy (or asleep, not yet woken) meanwhile
+        response = await task
+    finally:
+        client.close()
+        server.close()
+    if kernel_timestamps:
+        assert response.latency < 0.025 and response.read_delay > 0.025
+        assert client.timestamped == client.responses == 2
+        assert client.read_delay_sum >= response.read_delay
+    else:
+        assert response.latency >= 0.05 and response.read_delay == 0.0 and client.timestamped == 0
