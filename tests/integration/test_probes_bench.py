@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from typer.testing import CliRunner
 
@@ -19,6 +20,14 @@ def test_bench_probes_reports_throughput_and_latency_error() -> None:
     assert data["throughput_phase"]["requests"] > 0 and data["throughput_phase"]["failures"] == 0
     for phase in data["accuracy_phases"]:
         assert phase["successes"] > 0 and phase["probe_mean_latency"] >= phase["service_time"]
+        # The error is split into the emulator's and the probe's, and the kernel-timestamp
+        # correction is reported (what timing at the read would have given), not hidden.
+        assert phase["server_mean_latency"] >= phase["service_time"]
+        assert phase["probe_mean_latency"] >= phase["server_mean_latency"]
+        assert phase["latency_error_userspace_pct"] >= phase["latency_error_pct"]
+        if sys.platform.startswith("linux"):
+            assert phase["kernel_timestamped_share"] == 1.0 and phase["probe_read_delay_mean"] > 0
+    assert set(data["emulator_error_pct"]) == set(data["latency_error_userspace_pct"]) == {"2ms", "20ms"}
 
 
 def test_bench_probes_refuses_bad_sizes() -> None:
