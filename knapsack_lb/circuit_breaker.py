@@ -61,10 +61,14 @@ class RelativeCircuitBreaker:
         return dip in self.ejections
 
     def evaluate(
-        self, now: float, rounds: Mapping[str, Measurement], expected: Mapping[str, float], pool: int
+        self, now: float, rounds: Mapping[str, Measurement], expected: Mapping[str, float], pool: int,
+        capacity: Mapping[str, float] | None = None,
     ) -> BreakerDecision:
         """Judge this round's probe results. ``expected``: dip -> latency its curve predicts now;
-        ``pool``: number of live DIPs (ejected ones included)."""
+        ``pool``: number of live DIPs (ejected ones included); ``capacity`` (ours): each live DIP's
+        estimated capacity as a weight (``w_max``) - a DIP is kept in when the others could not
+        carry the whole VIP without it (ejecting an overloaded large DIP would overload the rest:
+        a cascade, not a cure)."""
         s = self.settings
         returned = tuple(sorted(d for d, e in self.ejections.items() if now >= e.until))
         for dip in returned:
@@ -94,8 +98,16 @@ class RelativeCircuitBreaker:
                                 f"{median_ratio:.1f}x)")
         room = min(math.floor(s.max_ejected_share * pool), pool - 1) - len(self.ejections)
         ejected: list[str] = []
+        kept: list[str] = []
         notes: list[str] = []
         for dip in sorted(badness, key=lambda d: -badness[d][0])[: max(0, room)]:
+            if capacity is not None:
+                rest = sum(w for d, w in capacity.items() if d != dip and d not in self.ejections)
+                if rest < 1.0:
+                    kept.append(dip)
+                    notes.append(f"circuit breaker kept {dip} in ({badness[dip][1]}): the other DIPs' estimated "
+                                 f"capacity {rest:.2f} cannot carry the VIP")
+                    continue
             count = self.history.get(dip, 0) + 1
             self.history[dip] = count
             duration = min(s.max_ejection_time, s.ejection_time * 2 ** (count - 1))
@@ -103,7 +115,7 @@ class RelativeCircuitBreaker:
             self.slow_rounds.pop(dip, None)
             ejected.append(dip)
             notes.append(f"circuit breaker ejected {dip} for {duration:.0f}s: {badness[dip][1]}")
-        skipped = sorted(set(badness) - set(ejected))
+        skipped = sorted(set(badness) - set(ejected) - set(kept))
         if skipped:
             notes.append(f"circuit breaker cap ({s.max_ejected_share:.0%} of {pool}) kept {skipped} in")
         return BreakerDecision(tuple(ejected), returned, tuple(notes))

@@ -396,7 +396,8 @@ class VipController:
         for name, m in rounds.items():
             dip = self.dips[name]
             expected[name] = dip.curve_obj().latency(self._weight_of(name, m))
-        decision = self.breaker.evaluate(now, rounds, expected, pool=len(live))
+        decision = self.breaker.evaluate(now, rounds, expected, pool=len(live),
+                                         capacity={d.name: d.w_max for d in live})
         for name in decision.returned:
             if name in self.dips:
                 self.dips[name].returned_at = now
@@ -466,13 +467,19 @@ class VipController:
 
     # --- 7. dynamics ----------------------------------------------------------------------------
     def _dynamics(self, now: float, trusted: Mapping[str, Measurement]) -> list[str]:
-        if self.plan is None or "measuring" in self.plan.flags or self.measuring:
-            return []  # section 4.5 acts on the steady state; measurement rounds move weights on purpose
+        if self.plan is None:
+            return []
+        # Section 4.5 acts on the steady state: measurement rounds move weights on purpose. Ours: a
+        # DIP in slow start is still watched then - its kept curve is the one most likely wrong
+        # (it may come back on a slower host) and its weight is the one being raised.
+        steady = "measuring" not in self.plan.flags and not self.measuring
         rounds: dict[str, RoundView] = {}
         curves: dict[str, tuple[LatencyCurve, float]] = {}
         for name, m in trusted.items():
             dip = self.dips[name]
             if not dip.ready or dip.measuring is not None or dip.failed or self.breaker.is_ejected(name):
+                continue
+            if not steady and dip.returned_at is None:
                 continue
             if m.successes == 0 or m.latency_mean is None:
                 continue
@@ -481,7 +488,7 @@ class VipController:
             curves[name] = (dip.curve_obj(), dip.w_max)
         if not rounds:
             return []
-        verdict = self.detector.observe(rounds, curves)
+        verdict = self.detector.observe(rounds, curves, pool=steady)
         if verdict.traffic_factor is not None:
             for dip in self.dips.values():
                 if dip.ready:
@@ -489,7 +496,9 @@ class VipController:
         notes = list(verdict.notes)
         for name, k in verdict.capacity.items():
             dip = self.dips[name]
-            if k > 1 and self.settings.remeasure_on_gain:
+            if name in verdict.remeasure:
+                if k < 1:
+                    self._rescale(dip, k)  # the cut guards now; Algorithm 1 refines from the cut curve
                 self._start_refresh(dip, now)
                 continue
             self._rescale(dip, k)
@@ -535,6 +544,8 @@ class VipController:
     def _start_refresh(self, dip: DipState, now: float) -> None:
         """Re-measure with Algorithm 1 from the current weight, l_0 known, w_max kept as the floor."""
         current = self.plan.weights.get(dip.name, 0.0) if self.plan else 0.0
+        if dip.w_max > 0:
+            current = min(current, dip.w_max)  # after a capacity cut: not at the weight that overloaded it
         m = DipMeasurement(dip.name, enqueued_at=now, refresh=True, l0=dip.l0, pending_zero=dip.l0 is None,
                            pending_equal=False, w_cur=current)
         m.target = max(current, self.settings.safety.min_weight, 1e-4) if dip.l0 is not None else None

@@ -173,6 +173,11 @@ class ControllerSettings(BaseModel):
         "from it is a guess, and a noisy guess upward can plan the DIP past its true capacity. False = the paper's "
         "rescale (at half strength)."
     )
+    remeasure_after_loss: bool = Field(
+        True, description="Ours: after a capacity loss is rescaled (at once, for safety) the DIP is re-measured "
+        "from the cut curve, so an estimate from one noisy inverse (or several compounding ones on a ramp) does "
+        "not leave it pessimistic for good. False = rescale only (paper)."
+    )
     refresh_cautious_step: float = Field(
         0.1, ge=0, le=1, description="Ours: a refresh's Algorithm 1 runs up to the DIP's previous w_max and then "
         "grows its weight by at most this fraction per iteration (TCP-like: the old w_max is ssthresh), so that "
@@ -240,6 +245,7 @@ class ControllerSettings(BaseModel):
             run_capped_by_drop=False,
             learn_operating_points=False,
             remeasure_on_gain=False,
+            remeasure_after_loss=False,
             refresh_cautious_step=0.0,
             refresh_knee_elasticity=0.0,
             traffic_drift_threshold=0.0,

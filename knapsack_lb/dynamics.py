@@ -21,9 +21,13 @@ paper's example: 5 ms at 0.5, now 7 ms at 0.5, the old curve reached 7 ms at 0.6
   deviations, with a robust standard error, and corrected when significant.
 * Capacity change: one DIP's latency is off its curve's estimate by more than
   ``capacity_change_threshold`` (paper: 20 %) for ``change_confirmations`` rounds, or at once
-  when its round is a drop (it is overloaded now); only that DIP's curve is rescaled. A gain
-  (ours, ``remeasure_on_gain``) sends the DIP back to Algorithm 1 instead: in a curve's flat
-  part latency hardly tells capacity, and an upward guess can plan past the true capacity.
+  when its round is a drop (it is overloaded now); only that DIP's curve is rescaled. Ours: one
+  noisy inverse is a guess (a wild one where the curve is flat at the DIP's weight), so a gain
+  sends the DIP back to Algorithm 1 instead (``remeasure_on_gain``; an upward guess can plan
+  past the true capacity), and a loss is cut at once and then re-measured
+  (``remeasure_after_loss``; cuts taken on a slow-start ramp compound). Tried and dropped:
+  re-measuring only where the curve is flat (elasticity < 1) and rescaling elsewhere left DIPs
+  with curves right at their weight but too steep beyond it (dynamics seed 1: +25 %).
 * Failures are handled by the controller (no successful probe: removed, re-solved).
 * Refresh: finished curves older than ``refresh_period`` are re-measured, at most
   ``refresh_budget`` of the pool's estimated capacity (sum of ``w_max``) at once.
@@ -173,6 +177,7 @@ class Verdict:
     capacity: Mapping[str, float] = field(default_factory=dict)
     observed: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    remeasure: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -200,9 +205,11 @@ class ChangeDetector:
         self.tracks.pop(dip, None)
 
     def observe(
-        self, rounds: Mapping[str, RoundView], curves: Mapping[str, tuple[LatencyCurve, float]]
+        self, rounds: Mapping[str, RoundView], curves: Mapping[str, tuple[LatencyCurve, float]], *,
+        pool: bool = True,
     ) -> Verdict:
-        """``rounds``: this round's trusted rounds of ready DIPs; ``curves``: dip -> (curve, w_max)."""
+        """``rounds``: this round's trusted rounds of ready DIPs; ``curves``: dip -> (curve, w_max).
+        ``pool=False`` judges only per-DIP capacity changes (no traffic shift or drift)."""
         s = self.settings
         deviation: dict[str, float] = {}
         for dip, view in rounds.items():
@@ -215,7 +222,8 @@ class ChangeDetector:
         notes: list[str] = []
         # --- traffic: most DIPs off their curves the same way --------------------------------------
         judged = len(deviation)
-        if judged >= 3 and judged >= 0.5 * len(rounds):
+        pooled = pool and judged >= 3 and judged >= 0.5 * len(rounds)
+        if pooled:
             med = statistics.median(deviation.values())
             same = sum(1 for x in deviation.values() if x * med > 0) / judged
             if abs(med) > math.log1p(s.traffic_change_threshold) and same >= s.traffic_change_quorum:
@@ -255,6 +263,7 @@ class ChangeDetector:
         # --- capacity: one DIP off its curve ------------------------------------------------------
         capacity: dict[str, float] = {}
         observed_points: dict[str, tuple[float, float]] = {}
+        remeasure: set[str] = set()
         for dip, view in rounds.items():
             if view.weight <= 0:
                 continue
@@ -271,7 +280,7 @@ class ChangeDetector:
                 continue
             if dip not in deviation:
                 continue
-            if judged < 3 or judged < 0.5 * len(rounds):  # not recorded by the traffic judgement above
+            if not pooled:  # else already recorded by the traffic judgement above
                 track.deviations = [*track.deviations, deviation[dip]][-RECENT_ROUNDS:]
             mean_dev = statistics.fmean(track.deviations)
             if abs(mean_dev) > math.log1p(s.capacity_change_threshold):
@@ -287,12 +296,18 @@ class ChangeDetector:
                     k = min(K_EVENT_MAX, max(K_EVENT_MIN, k))
                     capacity[dip] = k
                     observed_points[dip] = (view.weight, observed)
-                    action = ("back to measurement (Algorithm 1 from its current weight)"
-                              if k > 1 and s.remeasure_on_gain else f"curve rescaled by k={k:.3f}")
+                    # one noisy inverse is a guess (a wild one in a curve's flat part): re-measure (a loss is cut first)
+                    if s.remeasure_on_gain if k > 1 else s.remeasure_after_loss:
+                        remeasure.add(dip)
+                        action = ("back to measurement (Algorithm 1 from its current weight)" if k > 1 else
+                                  f"curve cut by k={k:.3f}, then back to measurement")
+                    else:
+                        action = f"curve rescaled by k={k:.3f}"
                     notes.append(f"capacity change on {dip}: latency {math.expm1(mean_dev):+.0%} against its curve "
                                  f"at weight {view.weight:.4f} over {len(track.deviations)} rounds; {action}")
                 track.reset()
-        return Verdict(capacity=capacity, observed=observed_points, notes=tuple(notes))
+        return Verdict(capacity=capacity, observed=observed_points, notes=tuple(notes),
+                       remeasure=frozenset(remeasure))
 
     def _drift(
         self, rounds: Mapping[str, RoundView], curves: Mapping[str, tuple[LatencyCurve, float]]

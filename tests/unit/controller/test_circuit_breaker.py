@@ -72,3 +72,16 @@ def test_disabled_breaker_ejects_nothing() -> None:
     b = RelativeCircuitBreaker(CircuitBreakerSettings(enabled=False))
     rounds = {d: _m(d) for d in "abcdefgh"} | {"x": _m("x", errors=100)}
     assert b.evaluate(0.0, rounds, {d: 0.01 for d in rounds}, pool=9).ejected == ()
+
+
+def test_a_dip_the_rest_cannot_do_without_is_kept_in() -> None:
+    """An overloaded large DIP looks 'slow against its curve'; ejecting it would overload the rest."""
+    rounds = {d: _m(d) for d in "abcdefgh"} | {"big": _m("big", latency=0.3)}
+    expected = {d: 0.01 for d in rounds}
+    small = {d: 0.1 for d in "abcdefgh"}
+    b = _breaker(latency_rounds=1)
+    decision = b.evaluate(0.0, rounds, expected, pool=9, capacity=small | {"big": 0.3})
+    assert decision.ejected == () and "cannot carry the VIP" in decision.notes[0]
+    roomy = _breaker(latency_rounds=1)
+    assert roomy.evaluate(0.0, rounds, expected, pool=9, capacity={d: 0.15 for d in "abcdefgh"} | {"big": 0.3}
+                          ).ejected == ("big",)

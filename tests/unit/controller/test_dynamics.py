@@ -149,10 +149,16 @@ def test_a_drift_below_the_traffic_threshold_is_corrected_once_significant() -> 
     assert all(off.observe(rounds, curves).traffic_factor is None for _ in range(5))
 
 
-def test_a_capacity_gain_is_sent_back_to_measurement_not_rescaled_blindly() -> None:
-    curves = {d: (QueueingCurve(0.0, 0.001, 0.4), 0.3) for d in "abcd"}
-    rounds = {d: RoundView(0.2, 0.005, 0.0) for d in "abc"} | {"d": RoundView(0.2, 0.0035, 0.0)}
-    for settings, action in ((ControllerSettings(change_confirmations=1), "back to measurement"),
-                             (ControllerSettings(change_confirmations=1, remeasure_on_gain=False), "rescaled")):
-        verdict = ChangeDetector(settings).observe(rounds, curves)
-        assert verdict.capacity["d"] > 1 and action in verdict.notes[0]
+def test_a_capacity_change_is_re_measured_a_loss_after_its_cut() -> None:
+    curves = {d: (QueueingCurve(0.0, 0.001, 0.4), 0.35) for d in "abcd"}
+    for factor, gain, action in ((0.7, True, "back to measurement"), (1.4, False, "cut by")):
+        latency = curves["a"][0].latency(0.2)
+        rounds = {d: RoundView(0.2, latency, 0.0) for d in "abc"} | {"d": RoundView(0.2, latency * factor, 0.0)}
+        verdict = ChangeDetector(ControllerSettings(change_confirmations=1)).observe(rounds, curves)
+        assert (verdict.capacity["d"] > 1) is gain
+        assert verdict.remeasure == {"d"} and action in verdict.notes[0]
+    paper = ChangeDetector(ControllerSettings(change_confirmations=1, remeasure_on_gain=False))
+    latency = curves["a"][0].latency(0.2)
+    rounds = {d: RoundView(0.2, latency, 0.0) for d in "abc"} | {"d": RoundView(0.2, latency * 0.7, 0.0)}
+    verdict = paper.observe(rounds, curves)
+    assert not verdict.remeasure and "rescaled" in verdict.notes[0]
