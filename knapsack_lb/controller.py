@@ -42,7 +42,14 @@ from typing import Any
 from knapsack_lb.circuit_breaker import RelativeCircuitBreaker
 from knapsack_lb.controller_settings import ControllerSettings
 from knapsack_lb.curves import LatencyCurve, QueueingCurve, curve_from_dict
-from knapsack_lb.dynamics import ChangeDetector, RoundView, estimate_drain_time, refresh_candidates, scale_curve
+from knapsack_lb.dynamics import (
+    ChangeDetector,
+    RoundView,
+    estimate_drain_time,
+    refresh_candidates,
+    round_noise,
+    scale_curve,
+)
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
 from knapsack_lb.fitting import fit_curve
 from knapsack_lb.measurement import DipMeasurement
@@ -484,7 +491,8 @@ class VipController:
             if m.successes == 0 or m.latency_mean is None:
                 continue
             weight = self._weight_of(name, m)
-            rounds[name] = RoundView(weight, m.latency_mean, m.timeouts / m.sent if m.sent else 1.0)
+            rounds[name] = RoundView(weight, m.latency_mean, m.timeouts / m.sent if m.sent else 1.0,
+                                     round_noise(m.latency_mean, m.latency_p50, m.latency_p90, m.successes))
             curves[name] = (dip.curve_obj(), dip.w_max)
         if not rounds:
             return []

@@ -164,15 +164,27 @@ def _compare(run: Run) -> dict[str, Any]:
     return out
 
 
+def _settle(run: Run, rounds: int) -> float:
+    """Run ``rounds`` intervals; the mean latency over the last ``SETTLED_ROUNDS`` of them relative
+    to the oracle (refreshes and corrections in flight count)."""
+    run.settle(max(0, rounds - SETTLED_ROUNDS))
+    means = []
+    for _ in range(min(rounds, SETTLED_ROUNDS)):
+        run.tick()
+        means.append(run.current_quality().mean_latency)
+    return round(float(np.mean(means)) / run.model.oracle().quality.mean_latency - 1, 4)
+
+
 def run_static(name: str, dips: list[FluidDip], seed: int, settings: ControllerSettings,
                settle_rounds: int = 24, on_tick: Callable[[float], None] | None = None) -> dict[str, Any]:
     model = FluidModel(dips, total_rate=LOAD * sum(d.capacity for d in dips), vip=name, seed=seed)
     run = Run(model, settings, seed, on_tick)
     run.run_until_built()
-    run.settle(settle_rounds)
+    settled = _settle(run, settle_rounds)
     assert run.ctl.plan is not None
     result = {"scenario": name, "seed": seed, "dips": len(dips), "load": LOAD, **_measurement_summary(run),
-              **_compare(run), "max_utilisation_after_build": round(run.max_util_after_build, 4)}
+              **_compare(run), "vs_oracle_settled": settled,
+              "max_utilisation_after_build": round(run.max_util_after_build, 4)}
     if name == "two-dip":
         result["weights"] = {n: round(w, 4) for n, w in run.ctl.plan.weights.items()}
         result["oracle_weights"] = {n: round(w, 4) for n, w in model.oracle().weights.items()}
@@ -185,14 +197,9 @@ def run_dynamics(seed: int, settings: ControllerSettings, phase_rounds: int = 36
     model = FluidModel(dips, total_rate=LOAD * sum(d.capacity for d in dips), vip="dynamics", seed=seed)
     run = Run(model, settings, seed, on_tick)
     run.run_until_built()
-    run.settle(24 - SETTLED_ROUNDS)
-    steady: list[float] = []
-    for _ in range(SETTLED_ROUNDS):
-        run.tick()
-        steady.append(run.current_quality().mean_latency)
+    steady = _settle(run, 24)
     base_rate = model.total_rate
-    phases: list[dict[str, Any]] = [{"phase": "steady", **_compare(run), "vs_oracle_settled": round(
-        float(np.mean(steady)) / model.oracle().quality.mean_latency - 1, 4)}]
+    phases: list[dict[str, Any]] = [{"phase": "steady", **_compare(run), "vs_oracle_settled": steady}]
 
     def fail(m: FluidModel) -> None:
         m.fail("dip-25")

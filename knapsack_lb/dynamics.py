@@ -21,13 +21,20 @@ paper's example: 5 ms at 0.5, now 7 ms at 0.5, the old curve reached 7 ms at 0.6
   deviations, with a robust standard error, and corrected when significant.
 * Capacity change: one DIP's latency is off its curve's estimate by more than
   ``capacity_change_threshold`` (paper: 20 %) for ``change_confirmations`` rounds, or at once
-  when its round is a drop (it is overloaded now); only that DIP's curve is rescaled. Ours: one
-  noisy inverse is a guess (a wild one where the curve is flat at the DIP's weight), so a gain
-  sends the DIP back to Algorithm 1 instead (``remeasure_on_gain``; an upward guess can plan
-  past the true capacity), and a loss is cut at once and then re-measured
-  (``remeasure_after_loss``; cuts taken on a slow-start ramp compound). Tried and dropped:
-  re-measuring only where the curve is flat (elasticity < 1) and rescaling elsewhere left DIPs
-  with curves right at their weight but too steep beyond it (dynamics seed 1: +25 %).
+  when its round is a drop (it is overloaded now); only that DIP's curve is rescaled. Ours:
+  below the curve's knee (elasticity under ``refresh_knee_elasticity`` at the DIP's weight)
+  one noisy inverse is a guess - a wild one where the curve is flat - so a gain sends the DIP
+  back to Algorithm 1 instead (``remeasure_on_gain``; an upward guess can plan past the true
+  capacity) and a loss is cut at once and then re-measured (``remeasure_after_loss``; cuts
+  taken on a slow-start ramp compound). At the knee the inverse is well-conditioned and a
+  refresh's first 10 % step could overload the DIP, so the rescale stands there. Tried and
+  dropped: a threshold of elasticity 1 left DIPs with curves right at their weight but too
+  steep beyond it (dynamics seed 1: +25-37 %); re-measuring at any elasticity sent an 8-core
+  DIP at 90 % utilisation to 99.5 %.
+* Noise (ours): a capacity change must also exceed ``NOISE_SIGMAS`` standard errors of the
+  recent mean deviation, each round's error estimated from its own spread
+  (:func:`round_noise`); the paper's 20 % is about 2 standard errors of a 100-request round at
+  high utilisation, where the sojourn time is most variable.
 * Failures are handled by the controller (no successful probe: removed, re-solved).
 * Refresh: finished curves older than ``refresh_period`` are re-measured, at most
   ``refresh_budget`` of the pool's estimated capacity (sum of ``w_max``) at once.
@@ -57,6 +64,7 @@ from knapsack_lb.errors import InvalidInputError
 K_MIN, K_MAX = 1 / 3, 3.0  # bounds of one inverse-curve estimate
 K_EVENT_MIN, K_EVENT_MAX = 0.5, 1.25  # bounds of one rescale: a wrong estimate is corrected by the next event
 RECENT_ROUNDS = 3
+NOISE_SIGMAS = 4.0  # 30 DIPs judged every round: a 3-sigma test would fire on noise every few minutes
 
 
 def scale_curve(curve: LatencyCurve, k: float) -> LatencyCurve:
@@ -101,6 +109,18 @@ def shift_factor(curve: LatencyCurve, weight: float, observed: float, w_max: flo
     if w_prime <= 0:
         return K_MAX
     return min(K_MAX, max(K_MIN, weight / w_prime))
+
+
+def round_noise(mean: float | None, p50: float | None, p90: float | None, successes: int) -> float:
+    """Standard error of ``ln(mean latency)`` of one probe round, from its own spread.
+
+    The coefficient of variation is estimated as ``(p90 - p50) / (1.61 * mean)`` (exact for an
+    exponential sojourn time, whose p90 - p50 is 1.61 means); the error of a mean of ``n``
+    requests is ``cv / sqrt(n)``. 0 when the round does not say.
+    """
+    if mean is None or p50 is None or p90 is None or not mean > 0 or successes < 2 or p90 < p50:
+        return 0.0
+    return (p90 - p50) / (1.61 * mean) / math.sqrt(successes)
 
 
 def elasticity(curve: LatencyCurve, weight: float) -> float:
@@ -167,6 +187,7 @@ class RoundView:
     weight: float
     latency: float
     timeout_share: float
+    noise: float = 0.0  # standard error of ln(latency) from this round's own spread (0 = unknown)
 
 
 @dataclass(frozen=True)
@@ -283,7 +304,10 @@ class ChangeDetector:
             if not pooled:  # else already recorded by the traffic judgement above
                 track.deviations = [*track.deviations, deviation[dip]][-RECENT_ROUNDS:]
             mean_dev = statistics.fmean(track.deviations)
-            if abs(mean_dev) > math.log1p(s.capacity_change_threshold):
+            # ours: beyond the paper's 20 %, also beyond NOISE_SIGMAS standard errors of the recent mean
+            # (at high utilisation one round's mean latency is noisier than the 20 % allows for)
+            noise = NOISE_SIGMAS * view.noise / math.sqrt(len(track.deviations))
+            if abs(mean_dev) > max(math.log1p(s.capacity_change_threshold), noise):
                 track.pending += 1
             else:
                 track.pending = 0
@@ -296,8 +320,10 @@ class ChangeDetector:
                     k = min(K_EVENT_MAX, max(K_EVENT_MIN, k))
                     capacity[dip] = k
                     observed_points[dip] = (view.weight, observed)
-                    # one noisy inverse is a guess (a wild one in a curve's flat part): re-measure (a loss is cut first)
-                    if s.remeasure_on_gain if k > 1 else s.remeasure_after_loss:
+                    # below its knee one noisy inverse is a guess: re-measure (a loss is cut first); at the
+                    # knee the inverse is well-conditioned and a refresh's first step could overload the DIP
+                    below_knee = elasticity(curve, view.weight) < s.refresh_knee_elasticity
+                    if below_knee and (s.remeasure_on_gain if k > 1 else s.remeasure_after_loss):
                         remeasure.add(dip)
                         action = ("back to measurement (Algorithm 1 from its current weight)" if k > 1 else
                                   f"curve cut by k={k:.3f}, then back to measurement")
