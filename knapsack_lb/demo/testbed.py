@@ -136,6 +136,9 @@ class DemoTestbed:
                 "capacity_change_threshold": 0.5,
                 "traffic_change_threshold": 0.3,
                 "change_confirmations": 3,
+                # a "gain" seen through 6-request rounds is mostly noise, and re-measuring a DIP during a
+                # counted phase costs more than a damped rescale (sqrt(k)) does when it is wrong
+                "remeasure_on_gain": False,
                 # the emulated DIPs never fail; Algorithm 1's deliberate overload rounds must not look
                 # like a failing DIP to the relative circuit breaker (off = the paper's behaviour)
                 "circuit_breaker": {"enabled": False},
