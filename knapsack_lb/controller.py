@@ -557,10 +557,7 @@ class VipController:
         m = DipMeasurement(dip.name, enqueued_at=now, refresh=True, l0=dip.l0, pending_zero=dip.l0 is None,
                            pending_equal=False, w_cur=current)
         m.target = max(current, self.settings.safety.min_weight, 1e-4) if dip.l0 is not None else None
-        # every run step of a refresh is cautious (Algorithm 1's doubling from a many-core DIP's flat
-        # latency jumps past its capacity, and the old w_max may itself be past it: the paper's drop
-        # comes late), so the refresh creeps from where the DIP runs to its knee
-        m.threshold = max(current, self.settings.safety.min_weight, 1e-4)
+        m.threshold = dip.w_max if dip.w_max > 0 else None  # ssthresh: cautious steps beyond the old w_max
         dip.measuring = m
 
     # --- 8. the plan ----------------------------------------------------------------------------

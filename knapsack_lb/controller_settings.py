@@ -179,12 +179,12 @@ class ControllerSettings(BaseModel):
         "not leave it pessimistic for good. False = rescale only (paper)."
     )
     refresh_cautious_step: float = Field(
-        0.1, ge=0, le=1, description="Ours: a refresh's Algorithm 1 grows the DIP's weight from where it runs by at "
-        "most this fraction per iteration (TCP-like congestion avoidance) until the knee, instead of doubling: "
-        "from a many-core DIP's flat latency a doubling step jumps past its capacity. 0 = the paper's run."
+        0.1, ge=0, le=1, description="Ours: a refresh's Algorithm 1 runs up to the DIP's previous w_max and then "
+        "grows its weight by at most this fraction per iteration (TCP-like: the old w_max is ssthresh), so that "
+        "re-measuring a live DIP does not jump past its capacity. 0 = the paper's unbounded run."
     )
     refresh_knee_elasticity: float = Field(
-        4.0, ge=0, description="Ours: a refresh stops when a cautious step's arc elasticity "
+        4.0, ge=0, description="Ours: a refresh beyond the old w_max stops when a step's arc elasticity "
         "ln(l_i/l_i-1)/ln(w_i/w_i-1) reaches this (about 80 % utilisation under M/M/c for any number of cores; the "
         "paper's 5x-l_0 drop comes near 97 % on 8 cores). 0 = off."
     )

@@ -87,7 +87,8 @@ def algorithm1(
     ``ssthresh`` - a run step goes at most up to it (or ``cautious_step`` when it is nearer),
     and beyond it grows the weight by at most ``cautious_step`` (a fraction) per iteration; the
     step stays larger than the convergence test, so the cap never ends the run. The controller
-    sets it to the weight a refresh starts from, so every run step of a refresh is cautious. A doubling step from a
+    sets it to the DIP's previous ``w_max``. (Tried: the refresh's starting weight, so that every
+    step is cautious - the longer refreshes cost more than they saved on ``dynamics``.) A doubling step from a
     many-core DIP's flat latency (``l_i`` near ``l_0`` up to high utilisation) would otherwise
     jump far past its capacity on a live pool.
     """
@@ -230,7 +231,7 @@ class DipMeasurement:
             self.target = step.next_weight
 
     def _at_knee(self, weight: float, latency: float | None, dropped: bool, settings: ControllerSettings) -> bool:
-        """Ours, for a refresh past its starting weight: stop when the last cautious step's arc
+        """Ours, for a refresh beyond its old ``w_max``: stop when the last cautious step's arc
         elasticity ``ln(l_i / l_{i-1}) / ln(w_i / w_{i-1})`` reaches ``refresh_knee_elasticity``.
 
         Under M/M/c a +10 % step has an arc elasticity of 3-5 at 80 % utilisation whatever
