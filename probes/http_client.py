@@ -33,18 +33,12 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-import struct
-import sys
 import time
 from dataclasses import dataclass
 
 from knapsack_lb.names import format_address
+from knapsack_lb.socket_timestamps import enable_timestamps, receive_with_timestamp
 
-# Linux <asm-generic/socket.h>: SO_TIMESTAMPNS (_OLD) = SCM_TIMESTAMPNS = 35, a struct timespec
-# of two native longs; Python's socket module does not export the constant.
-SO_TIMESTAMPNS = 35
-_TIMESPEC = struct.Struct("@ll")
-_ANCILLARY_BYTES = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
 _READ_BYTES = 65536
 
 
@@ -65,16 +59,6 @@ class ProbeResponse:
     status: int
     latency: float
     read_delay: float = 0.0
-
-
-def _enable_timestamps(sock: socket.socket) -> bool:
-    if not sys.platform.startswith("linux") or not _ANCILLARY_BYTES:
-        return False
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-    except OSError:
-        return False
-    return True
 
 
 class _Connection:
@@ -102,12 +86,7 @@ class _Connection:
     def _on_readable(self) -> None:
         try:
             if self.timestamps:
-                data, ancillary, _flags, _address = self.sock.recvmsg(_READ_BYTES, _ANCILLARY_BYTES)
-                self._kernel_ns = 0
-                for level, kind, value in ancillary:
-                    if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(value) >= _TIMESPEC.size:
-                        seconds, nanoseconds = _TIMESPEC.unpack_from(value)
-                        self._kernel_ns = seconds * 1_000_000_000 + nanoseconds
+                data, self._kernel_ns = receive_with_timestamp(self.sock, _READ_BYTES)
             else:
                 data = self.sock.recv(_READ_BYTES)
         except (BlockingIOError, InterruptedError):
@@ -266,7 +245,7 @@ class KeepAliveClient:
                     try:
                         sock.setblocking(False)
                         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                        timestamps = self.kernel_timestamps and _enable_timestamps(sock)
+                        timestamps = self.kernel_timestamps and enable_timestamps(sock)
                         await loop.sock_connect(sock, address)
                     except BaseException as failed:
                         sock.close()

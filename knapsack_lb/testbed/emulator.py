@@ -55,7 +55,6 @@ import random
 import selectors
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
@@ -67,6 +66,7 @@ from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 from knapsack_lb.names import format_address, validate_host, validate_name
+from knapsack_lb.socket_timestamps import enable_timestamps, receive_with_timestamp
 from knapsack_lb.testbed.queueing import Distribution, Mode, ServiceModel, ServiceTimes
 
 FailureMode = Literal["fast", "slow"]
@@ -74,11 +74,6 @@ FailureMode = Literal["fast", "slow"]
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
 _MAX_HEADER_BYTES = 64 * 1024
 _READ_BYTES = 65536
-# Linux <asm-generic/socket.h>: SO_TIMESTAMPNS (_OLD) = SCM_TIMESTAMPNS = 35, a struct timespec
-# of two native longs (the constant is not exported by Python's socket module).
-_SO_TIMESTAMPNS = 35
-_TIMESPEC = struct.Struct("@ll")
-_ANCILLARY_BYTES = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
 _MAX_KERNEL_WAIT = 10.0  # seconds: a longer wait in the socket is taken for a clock step and ignored
 
 
@@ -180,7 +175,7 @@ class Emulator:
                 if family == socket.AF_INET6:
                     listening.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
                 listening.bind(address)
-                _enable_timestamps(listening)  # stamps what arrives before accept() too; inherited
+                enable_timestamps(listening)  # stamps what arrives before accept() too; inherited
                 listening.listen(1024)
                 listening.setblocking(False)
             except BaseException:
@@ -468,7 +463,7 @@ class _SocketTransport(asyncio.Transport):
         self._out = bytearray()
         self._closing = False
         self._closed = False
-        self._timestamps = _enable_timestamps(sock)
+        self._timestamps = enable_timestamps(sock)
         self.arrival = 0.0
         protocol.connection_made(self)
         self._loop.add_reader(self._fd, self._on_readable)
@@ -477,11 +472,7 @@ class _SocketTransport(asyncio.Transport):
         kernel_ns = 0
         try:
             if self._timestamps:
-                data, ancillary, _flags, _address = self._sock.recvmsg(_READ_BYTES, _ANCILLARY_BYTES)
-                for level, kind, value in ancillary:
-                    if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(value) >= _TIMESPEC.size:
-                        seconds, nanoseconds = _TIMESPEC.unpack_from(value)
-                        kernel_ns = seconds * 1_000_000_000 + nanoseconds
+                data, kernel_ns = receive_with_timestamp(self._sock, _READ_BYTES)
             else:
                 data = self._sock.recv(_READ_BYTES)
         except (BlockingIOError, InterruptedError):
@@ -552,16 +543,6 @@ class _SocketTransport(asyncio.Transport):
         self._out.clear()
         self._sock.close()
         self._protocol.connection_lost(exc)
-
-
-def _enable_timestamps(sock: socket.socket) -> bool:
-    if not sys.platform.startswith("linux") or not _ANCILLARY_BYTES:
-        return False
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-    except OSError:
-        return False
-    return True
 
 
 class _Listener:
