@@ -2,9 +2,9 @@
 probes + controller + API in-process) - HAProxy carries the controller's weights and KnapsackLB
 lowers the mean latency compared with HAProxy's roundrobin.
 
-Short and small (about two minutes, most of it the controller learning, up to 150 s of it on a busy
-machine): the paper's 3-DIP pool (capacities 1, 0.8, 0.6) at 65 % load, 25 s phases, short
-connection lifetimes and drain time. The default demo's numbers are the README's, measured by
+Short and small (about two and a half minutes, most of it the controller learning, up to 150 s of
+it on a busy machine): the paper's 3-DIP pool (capacities 1, 0.8, 0.6) at 65 % load, 25 s phases,
+short connection lifetimes and drain time. The default demo's numbers are the README's, measured by
 `make demo`, not asserted here.
 """
 
