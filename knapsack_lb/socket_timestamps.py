@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import struct
 import sys
+import time
 
 # Linux <asm-generic/socket.h>: SO_TIMESTAMPNS (_OLD) = SCM_TIMESTAMPNS = 35, a struct timespec
 # of two native longs; Python's socket module does not export the constant.
@@ -29,9 +30,12 @@ def enable_timestamps(sock: socket.socket) -> bool:
     return True
 
 
-def receive_with_timestamp(sock: socket.socket, size: int) -> tuple[bytes, int]:
-    """``recvmsg`` up to ``size`` bytes; the data and its kernel receive time in ``time.time_ns()``
-    units (0 when the kernel gave none). Raises what ``recvmsg`` raises."""
+def receive_with_timestamp(sock: socket.socket, size: int, stamped: bool = True) -> tuple[bytes, int]:
+    """Read up to ``size`` bytes; the data and its kernel receive time in ``time.time_ns()`` units
+    (0 when the kernel gave none, or ``stamped`` is False: a plain ``recv``). Raises what the
+    read raises."""
+    if not stamped:
+        return sock.recv(size), 0
     data, ancillary, _flags, _address = sock.recvmsg(size, ANCILLARY_BYTES)
     kernel_ns = 0
     for level, kind, value in ancillary:
@@ -39,3 +43,8 @@ def receive_with_timestamp(sock: socket.socket, size: int) -> tuple[bytes, int]:
             seconds, nanoseconds = _TIMESPEC.unpack_from(value)
             kernel_ns = seconds * 1_000_000_000 + nanoseconds
     return data, kernel_ns
+
+
+def seconds_since(kernel_ns: int) -> float:
+    """How long ago (real-time clock) the kernel stamped data, in seconds; 0.0 for no stamp."""
+    return (time.time_ns() - kernel_ns) * 1e-9 if kernel_ns else 0.0

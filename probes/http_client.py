@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 
 from knapsack_lb.names import format_address
-from knapsack_lb.socket_timestamps import enable_timestamps, receive_with_timestamp
+from knapsack_lb.socket_timestamps import enable_timestamps, receive_with_timestamp, seconds_since
 
 _READ_BYTES = 65536
 
@@ -85,15 +85,13 @@ class _Connection:
 
     def _on_readable(self) -> None:
         try:
-            if self.timestamps:
-                data, self._kernel_ns = receive_with_timestamp(self.sock, _READ_BYTES)
-            else:
-                data = self.sock.recv(_READ_BYTES)
+            data, kernel_ns = receive_with_timestamp(self.sock, _READ_BYTES, self.timestamps)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as error:
             self._lost(error)
             return
+        self._kernel_ns = kernel_ns
         if not data:
             self._lost(None)
             return
@@ -120,11 +118,7 @@ class _Connection:
 
     def _arrival(self) -> tuple[float, float]:
         """Monotonic time the bytes just read reached the socket, and how long they waited there."""
-        now = time.perf_counter()
-        if not self._kernel_ns:
-            return now, 0.0
-        waited = (time.time_ns() - self._kernel_ns) * 1e-9
-        return now, waited
+        return time.perf_counter(), seconds_since(self._kernel_ns)
 
     def _parse(self, waiter: asyncio.Future[tuple[int, float, float]]) -> None:
         while True:

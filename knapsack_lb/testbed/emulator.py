@@ -66,7 +66,7 @@ from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 from knapsack_lb.names import format_address, validate_host, validate_name
-from knapsack_lb.socket_timestamps import enable_timestamps, receive_with_timestamp
+from knapsack_lb.socket_timestamps import enable_timestamps, receive_with_timestamp, seconds_since
 from knapsack_lb.testbed.queueing import Distribution, Mode, ServiceModel, ServiceTimes
 
 FailureMode = Literal["fast", "slow"]
@@ -469,12 +469,8 @@ class _SocketTransport(asyncio.Transport):
         self._loop.add_reader(self._fd, self._on_readable)
 
     def _on_readable(self) -> None:
-        kernel_ns = 0
         try:
-            if self._timestamps:
-                data, kernel_ns = receive_with_timestamp(self._sock, _READ_BYTES)
-            else:
-                data = self._sock.recv(_READ_BYTES)
+            data, kernel_ns = receive_with_timestamp(self._sock, _READ_BYTES, self._timestamps)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as error:
@@ -484,7 +480,7 @@ class _SocketTransport(asyncio.Transport):
             self._finish(None)
             return
         now = time.perf_counter()
-        waited = (time.time_ns() - kernel_ns) * 1e-9 if kernel_ns else 0.0
+        waited = seconds_since(kernel_ns)
         self.arrival = now - waited if 0.0 < waited < _MAX_KERNEL_WAIT else now
         self._protocol.data_received(data)
 
