@@ -501,7 +501,6 @@ class VipController:
             for dip in self.dips.values():
                 if dip.ready:
                     self._rescale(dip, verdict.traffic_factor)
-        notes = list(verdict.notes)
         for name, k in verdict.capacity.items():
             dip = self.dips[name]
             if name in verdict.remeasure:
@@ -512,7 +511,7 @@ class VipController:
             self._rescale(dip, k)
             if name in verdict.observed and self.settings.learn_operating_points:
                 self._learn_point(dip, *verdict.observed[name], now=now)
-        return notes
+        return list(verdict.notes)
 
     def _learn_point(self, dip: DipState, weight: float, latency: float, *, now: float) -> None:
         """Ours: keep the averaged observation at the operating point and refit, so a curve whose
@@ -550,7 +549,8 @@ class VipController:
         return reasons
 
     def _start_refresh(self, dip: DipState, now: float) -> None:
-        """Re-measure with Algorithm 1 from the current weight, l_0 known, w_max kept as the floor."""
+        """Re-measure with Algorithm 1 from the current weight (at most ``w_max``), l_0 known; the old
+        ``w_max`` is the threshold beyond which the run is cautious."""
         current = self.plan.weights.get(dip.name, 0.0) if self.plan else 0.0
         if dip.w_max > 0:
             current = min(current, dip.w_max)  # after a capacity cut: not at the weight that overloaded it

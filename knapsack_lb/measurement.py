@@ -86,11 +86,11 @@ def algorithm1(
     ``threshold`` and ``cautious_step`` (ours, for a refresh): ``threshold`` plays TCP's
     ``ssthresh`` - a run step goes at most up to it (or ``cautious_step`` when it is nearer),
     and beyond it grows the weight by at most ``cautious_step`` (a fraction) per iteration; the
-    step stays larger than the convergence test, so the cap never ends the run. The controller
-    sets it to the DIP's previous ``w_max``. (Tried: the refresh's starting weight, so that every
-    step is cautious - the longer refreshes cost more than they saved on ``dynamics``.) A doubling step from a
-    many-core DIP's flat latency (``l_i`` near ``l_0`` up to high utilisation) would otherwise
-    jump far past its capacity on a live pool.
+    step stays larger than the convergence test, so the cap never ends the run. A doubling step
+    from a many-core DIP's flat latency (``l_i`` near ``l_0`` up to high utilisation) would
+    otherwise jump far past its capacity on a live pool. The controller sets it to the DIP's
+    previous ``w_max`` (tried: the refresh's starting weight, so that every step is cautious -
+    the longer refreshes cost more than they saved on ``dynamics``).
     """
     if not dropped:
         w_max = max(w_max, w_cur)
