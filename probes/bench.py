@@ -22,9 +22,13 @@ runs one probe worker in this process against them, and reports
 
 The accuracy phases run ``accuracy_dips`` DIPs per service time, each in its own emulator
 process with punctual (busy-wait, ``--spin-limit 0.0005``) timers
-(:mod:`knapsack_lb.testbed.queueing`); the
-throughput phase's emulators (ten DIPs per process) use plain timers, because there
-latency does not matter and ten busy-waiting DIPs would take a CPU from a 2-core machine.
+(:mod:`knapsack_lb.testbed.queueing`) under real-time scheduling (``--realtime-priority``,
+:mod:`knapsack_lb.testbed.realtime`: on a busy machine an ordinary process is woken too late
+for a 2 ms yardstick). The probe worker, the thing measured, keeps ordinary scheduling. Where
+real-time priority is refused (no ``CAP_SYS_NICE``) the emulators run without it and
+``emulator_realtime`` says false. The throughput phase's emulators (ten DIPs per process) use
+plain timers and ordinary scheduling, because there latency does not matter and ten
+busy-waiting DIPs would take a CPU from a 2-core machine.
 
 Every run is bounded: ``seconds`` per service time, then everything is stopped.
 """
@@ -49,10 +53,12 @@ from knapsack_lb.testbed.queueing import PUNCTUAL_SPIN_LIMIT
 from probes.worker import ProbeWorker, ProbeWorkerOptions
 
 DIPS_PER_EMULATOR_PROCESS = 10
+INSTRUMENT_REALTIME_PRIORITY = 10  # SCHED_FIFO priority of the accuracy phases' emulators: above every ordinary task
 
 
 def _start_emulators(count: int, service_time: float, workdir: Path, per_process: int = DIPS_PER_EMULATOR_PROCESS,
-                     spin_limit: float | None = None) -> tuple[list[ManagedProcess], list[int]]:
+                     spin_limit: float | None = None,
+                     realtime_priority: int | None = None) -> tuple[list[ManagedProcess], list[int]]:
     ports = [free_port() for _ in range(count)]
     procs = []
     for first in range(0, count, per_process):
@@ -61,6 +67,8 @@ def _start_emulators(count: int, service_time: float, workdir: Path, per_process
                 "--service-time", repr(service_time), "--distribution", "fixed", "--duration", "600"]
         if spin_limit is not None:
             argv += ["--spin-limit", repr(spin_limit)]
+        if realtime_priority is not None:
+            argv += ["--realtime-priority", str(realtime_priority)]
         for port in chunk:
             argv += ["--port", str(port)]
         procs.append(ManagedProcess(argv, log_path=workdir / f"emulator-{first}.log").start())
@@ -126,18 +134,20 @@ async def _run_phase(url: str, namespace: str, ports: Sequence[int], service_tim
         "emulator_late_wakeup_share": round(sum(int(s["timer_late_wakeups"]) for s in server) / departures, 4)
         if departures else None,
         "emulator_spin_seconds": round(math.fsum(float(s["timer_spin_seconds"]) for s in server), 4),
+        "emulator_schedulers": sorted({str(s["scheduler"]) for s in server}),
     }
 
 
 def run_probe_benchmark(dips: int = 20, seconds: float = 10.0, requests_per_round: int = 100,
                         service_times: Sequence[float] = (0.002, 0.020), accuracy_dips: int = 2,
-                        on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
+                        realtime: bool = True, on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the benchmark (see the module docstring) and return its JSON-ready result.
 
     ``on_phase(description)`` is called as each phase starts (progress display).
     Throughput: ``dips`` DIPs at the first service time. Accuracy: ``accuracy_dips`` DIPs per
     service time, each in its own emulator process, so that a starved emulator process
-    (the machine has two cores) does not pass for probe error.
+    (the machine has two cores) does not pass for probe error; with ``realtime`` they ask
+    for ``SCHED_FIFO`` (module docstring).
     """
     if not 1 <= dips <= 1000:
         raise ValueError(f"--dips must be in 1-1000, got {dips}")
@@ -160,7 +170,8 @@ def run_probe_benchmark(dips: int = 20, seconds: float = 10.0, requests_per_roun
                 if on_phase:
                     on_phase(f"accuracy: {accuracy_dips} DIPs at {service_time * 1000:g} ms")
                 procs, ports = _start_emulators(accuracy_dips, service_time, workdir, per_process=1,
-                                                spin_limit=PUNCTUAL_SPIN_LIMIT)
+                                                spin_limit=PUNCTUAL_SPIN_LIMIT,
+                                                realtime_priority=INSTRUMENT_REALTIME_PRIORITY if realtime else None)
                 try:
                     accuracy.append(asyncio.run(_run_phase(redis.url, f"accuracy{i}", ports, service_time, seconds,
                                                            requests_per_round)))
@@ -181,10 +192,12 @@ def run_probe_benchmark(dips: int = 20, seconds: float = 10.0, requests_per_roun
         "latency_error_userspace_pct": {
             f"{p['service_time'] * 1000:g}ms": p["latency_error_userspace_pct"] for p in accuracy
         },
+        "emulator_realtime": all(p["emulator_schedulers"] == ["fifo"] for p in accuracy),
         "paper_klm_requests_per_second_per_core": 4500,
         "throughput_phase": throughput,
         "accuracy_phases": accuracy,
         "note": "one probe worker in the benchmark process (CPU = time.process_time of that process); "
                 "Redis and the emulated DIPs run in other processes on loopback; probe latencies end at the "
-                "kernel's receive timestamp (latency_error_userspace_pct: ended when the worker read them)",
+                "kernel's receive timestamp (latency_error_userspace_pct: ended when the worker read them); the "
+                "accuracy phases' emulators run under SCHED_FIFO when allowed (emulator_realtime)",
     }

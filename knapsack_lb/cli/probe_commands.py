@@ -84,6 +84,9 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         dips: Annotated[int, typer.Option(help="Emulated DIPs.")] = 20,
         seconds: Annotated[float, typer.Option(help="Seconds per phase (throughput; 2 ms; 20 ms).")] = 10.0,
         requests_per_round: Annotated[int, typer.Option(help="Probe requests per DIP per round.")] = 100,
+        realtime: Annotated[bool, typer.Option(
+            help="Run the accuracy phases' emulators under SCHED_FIFO (when allowed) so they keep their latency."
+        )] = True,
         json_output: Annotated[bool, typer.Option("--json", help="One-line JSON (default: indented JSON).")] = False,
     ) -> None:
         """Probe requests per CPU-second and probe latency error against emulated DIPs (prints JSON)."""
@@ -102,7 +105,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
 
             try:
                 result = run_probe_benchmark(dips=dips, seconds=seconds, requests_per_round=requests_per_round,
-                                             on_phase=on_phase)
+                                             realtime=realtime, on_phase=on_phase)
             except ValueError as bad:
                 progress.stop()
                 typer.echo(f"klb bench probes: {bad}", err=True)

@@ -21,9 +21,10 @@ Known latency means punctual: the emulated service of a request starts when the 
 reached the socket (the kernel's receive timestamp, Linux ``SO_TIMESTAMPNS``; sockets are
 read with ``recvmsg`` by :class:`_SocketTransport` because asyncio's transports drop it),
 not when this process got round to reading it, and ends on time thanks to the service
-model's busy-wait timers when asked for (:mod:`knapsack_lb.testbed.queueing`, ``--spin-limit``). What is
-left between a client and the injected time is the loopback round trip and the HTTP
-handling on both sides.
+model's busy-wait timers when asked for (:mod:`knapsack_lb.testbed.queueing`, ``--spin-limit``); on a
+busy machine the process must also be woken on time, which ``--realtime-priority``
+(``SCHED_FIFO``, :mod:`knapsack_lb.testbed.realtime`) gets it. What is left between a client
+and the injected time is the loopback round trip and the HTTP handling on both sides.
 
 Reserved paths: ``GET /health`` (200, no work), ``GET /stats`` (JSON counters),
 ``POST /admin/capacity?factor=F`` (noisy neighbour: service rate times ``F``),
@@ -68,6 +69,7 @@ from urllib.parse import parse_qs, urlsplit
 from knapsack_lb.names import format_address, validate_host, validate_name
 from knapsack_lb.socket_timestamps import enable_timestamps, receive_with_timestamp, seconds_since
 from knapsack_lb.testbed.queueing import Distribution, Mode, ServiceModel, ServiceTimes
+from knapsack_lb.testbed.realtime import request_realtime, scheduler_name, validate_priority
 
 FailureMode = Literal["fast", "slow"]
 
@@ -233,6 +235,7 @@ class Emulator:
             mean_server_latency=stats.mean_server_latency,
             timer_lead=self._model.lead, timer_spins=self._model.spins,
             timer_spin_seconds=self._model.spin_seconds, timer_late_wakeups=self._model.late_wakeups,
+            scheduler=scheduler_name(),
         )
         return data
 
@@ -675,6 +678,13 @@ def emulator_fleet(configs: Sequence[EmulatorConfig], host: str = "127.0.0.1") -
 
 
 # --- subprocess entry point ---------------------------------------------------------------
+def _realtime_priority(text: str) -> int:
+    try:
+        return validate_priority(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--realtime-priority must be an integer in 1-99, got {text!r}") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m knapsack_lb.testbed.emulator", description=__doc__.split("\n")[0])
     p.add_argument("--name", required=True, help="backend name (X-Backend); NAME-i when several ports")
@@ -694,6 +704,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--spin-limit", type=float, default=0.0,
                    help="seconds of busy-wait allowed before a departure to make it punctual, e.g. 0.0005 "
                         "(costs CPU; default 0 = plain timers, a few tenths of a ms late)")
+    p.add_argument("--realtime-priority", type=_realtime_priority, default=None, metavar="1-99",
+                   help="run this process under SCHED_FIFO at this priority so that a busy machine does not "
+                        "delay its departures (needs CAP_SYS_NICE; refused: a warning, ordinary scheduling; "
+                        "see knapsack_lb.testbed.realtime); default: ordinary scheduling")
     p.add_argument("--loop", choices=["select", "epoll"], default="select",
                    help="select: microsecond timers, fds < 1024; epoll: millisecond timers, no fd limit")
     return p
@@ -726,6 +740,11 @@ async def _serve(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.realtime_priority is not None:
+        refused = request_realtime(args.realtime_priority)
+        if refused:
+            print(f"emulator: warning: --realtime-priority {args.realtime_priority} not applied ({refused}); "
+                  "running with ordinary scheduling", file=sys.stderr, flush=True)
     try:
         factory = precise_event_loop if args.loop == "select" else asyncio.new_event_loop
         with asyncio.Runner(loop_factory=factory) as runner:

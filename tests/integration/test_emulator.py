@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from knapsack_lb.procs import ManagedProcess, free_port, wait_for_port
 from knapsack_lb.testbed.emulator import Emulator, EmulatorConfig, EmulatorFleet
+from knapsack_lb.testbed.realtime import scheduler_name
 
 
 def _conn(address: str) -> http.client.HTTPConnection:
@@ -95,6 +99,44 @@ def test_runs_as_a_subprocess_and_stops_on_sigterm(tmp_path: object) -> None:
         assert status == 200 and headers["x-backend"] == "sub"
         proc.stop()
         assert proc.process is not None and proc.process.returncode == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="needs sched_getscheduler (Linux)")
+def test_realtime_priority_is_applied_or_refused_with_a_warning(tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "emulator.log"
+    argv = [sys.executable, "-m", "knapsack_lb.testbed.emulator", "--name", "rt", "--port", str(port),
+            "--service-time", "0.002", "--distribution", "fixed", "--spin-limit", "0.0005",
+            "--realtime-priority", "5", "--duration", "30"]
+    with ManagedProcess(argv, log_path=log) as proc:
+        wait_for_port("127.0.0.1", port)
+        conn = _conn(f"127.0.0.1:{port}")
+        assert _get(conn, "/")[0] == 200
+        reported = json.loads(_get(conn, "/stats")[2])["scheduler"]
+        # /stats tells the truth the kernel knows, and a refusal is never silent.
+        assert reported == scheduler_name(proc.pid)
+        if reported == "fifo":
+            assert os.sched_getparam(proc.pid).sched_priority == 5
+        else:
+            assert "--realtime-priority 5 not applied" in log.read_text()
+        proc.stop()
+    if _realtime_allowed():
+        assert reported == "fifo"
+
+
+def _realtime_allowed() -> bool:
+    """Whether this process could switch to SCHED_FIFO (tried in a child, so the test itself stays ordinary)."""
+    probe = subprocess.run([sys.executable, "-c", "from knapsack_lb.testbed.realtime import request_realtime as r; "
+                            "import sys; sys.exit(1 if r(1) else 0)"], check=False, timeout=30)
+    return probe.returncode == 0
+
+
+@pytest.mark.parametrize("bad", ["0", "100", "high", "5.5"])
+def test_a_bad_realtime_priority_is_refused_naming_the_flag(bad: str) -> None:
+    argv = [sys.executable, "-m", "knapsack_lb.testbed.emulator", "--name", "rt", "--realtime-priority", bad]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 2
+    assert f"--realtime-priority must be an integer in 1-99, got '{bad}'" in result.stderr
 
 
 def test_bad_configuration_is_refused() -> None:

@@ -28,6 +28,10 @@ def test_bench_probes_reports_throughput_and_latency_error() -> None:
         if sys.platform.startswith("linux"):
             assert phase["kernel_timestamped_share"] == 1.0 and phase["probe_read_delay_mean"] > 0
     assert set(data["emulator_error_pct"]) == set(data["latency_error_userspace_pct"]) == {"2ms", "20ms"}
+    # Whether the yardstick emulators ran real-time is reported from what they say of themselves.
+    schedulers = [phase["emulator_schedulers"] for phase in data["accuracy_phases"]]
+    assert data["emulator_realtime"] == all(s == ["fifo"] for s in schedulers)
+    assert all(set(s) <= {"fifo", "other"} for s in schedulers)
 
 
 def test_bench_probes_refuses_bad_sizes() -> None:
