@@ -49,6 +49,7 @@ from typing import Any
 from knapsack_lb.model import DipConfig, ProbeSpec, VipConfig
 from knapsack_lb.procs import ManagedProcess, RedisServer, free_port, wait_for_port
 from knapsack_lb.store_redis import RedisLatencyStore
+from knapsack_lb.testbed.neighbours import NoisyNeighbours
 from knapsack_lb.testbed.queueing import PUNCTUAL_SPIN_LIMIT
 from probes.worker import ProbeWorker, ProbeWorkerOptions
 
@@ -140,21 +141,25 @@ async def _run_phase(url: str, namespace: str, ports: Sequence[int], service_tim
 
 def run_probe_benchmark(dips: int = 20, seconds: float = 10.0, requests_per_round: int = 100,
                         service_times: Sequence[float] = (0.002, 0.020), accuracy_dips: int = 2,
-                        realtime: bool = True, on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
+                        realtime: bool = True, noisy_neighbours: int = 0,
+                        on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the benchmark (see the module docstring) and return its JSON-ready result.
 
     ``on_phase(description)`` is called as each phase starts (progress display).
     Throughput: ``dips`` DIPs at the first service time. Accuracy: ``accuracy_dips`` DIPs per
     service time, each in its own emulator process, so that a starved emulator process
     (the machine has two cores) does not pass for probe error; with ``realtime`` they ask
-    for ``SCHED_FIFO`` (module docstring).
+    for ``SCHED_FIFO`` (module docstring). ``noisy_neighbours`` background processes
+    (:class:`~knapsack_lb.testbed.neighbours.NoisyNeighbours`) keep the machine busy during
+    every phase, so the figures can be taken on a busy machine on purpose, not by accident.
     """
     if not 1 <= dips <= 1000:
         raise ValueError(f"--dips must be in 1-1000, got {dips}")
     if not 1 <= seconds <= 3600:
         raise ValueError(f"--seconds must be in 1-3600, got {seconds}")
     accuracy: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="klb-bench-probes-") as tmp:
+    neighbours = NoisyNeighbours(noisy_neighbours, seconds=(1 + len(service_times)) * (seconds + 30))  # validates
+    with tempfile.TemporaryDirectory(prefix="klb-bench-probes-") as tmp, neighbours:
         workdir = Path(tmp)
         with RedisServer(workdir / "redis") as redis:
             if on_phase:
@@ -193,6 +198,7 @@ def run_probe_benchmark(dips: int = 20, seconds: float = 10.0, requests_per_roun
             f"{p['service_time'] * 1000:g}ms": p["latency_error_userspace_pct"] for p in accuracy
         },
         "emulator_realtime": all(p["emulator_schedulers"] == ["fifo"] for p in accuracy),
+        "noisy_neighbours": noisy_neighbours,
         "paper_klm_requests_per_second_per_core": 4500,
         "throughput_phase": throughput,
         "accuracy_phases": accuracy,

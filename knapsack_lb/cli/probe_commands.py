@@ -87,6 +87,10 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         realtime: Annotated[bool, typer.Option(
             help="Run the accuracy phases' emulators under SCHED_FIFO (when allowed) so they keep their latency."
         )] = True,
+        noisy_neighbours: Annotated[int, typer.Option(
+            help="Background processes alternating 0.2-3 ms of CPU and 0.1-3 ms of sleep during every phase "
+                 "(a busy machine on purpose; 4 keep two cores at a load of about 2)."
+        )] = 0,
         json_output: Annotated[bool, typer.Option("--json", help="One-line JSON (default: indented JSON).")] = False,
     ) -> None:
         """Probe requests per CPU-second and probe latency error against emulated DIPs (prints JSON)."""
@@ -105,7 +109,8 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
 
             try:
                 result = run_probe_benchmark(dips=dips, seconds=seconds, requests_per_round=requests_per_round,
-                                             realtime=realtime, on_phase=on_phase)
+                                             realtime=realtime, noisy_neighbours=noisy_neighbours,
+                                             on_phase=on_phase)
             except ValueError as bad:
                 progress.stop()
                 typer.echo(f"klb bench probes: {bad}", err=True)

@@ -12,10 +12,11 @@ def test_bench_probes_reports_throughput_and_latency_error() -> None:
     from knapsack_lb.cli.main import app
 
     result = CliRunner().invoke(app, ["bench", "probes", "--dips", "2", "--seconds", "3", "--requests-per-round",
-                                      "10", "--json"])
+                                      "10", "--noisy-neighbours", "1", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout.strip().splitlines()[-1])
     assert data["probe_requests_per_cpu_second"] > 0
+    assert data["noisy_neighbours"] == 1
     assert set(data["latency_error_pct"]) == {"2ms", "20ms"}
     assert data["throughput_phase"]["requests"] > 0 and data["throughput_phase"]["failures"] == 0
     for phase in data["accuracy_phases"]:
