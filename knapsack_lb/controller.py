@@ -46,6 +46,7 @@ from knapsack_lb.dynamics import (
     ChangeDetector,
     RoundView,
     estimate_drain_time,
+    knee_weight,
     refresh_candidates,
     round_noise,
     scale_curve,
@@ -61,6 +62,10 @@ from knapsack_lb.store import CurveRecord
 
 STATE_VERSION = 1
 PLAN_CHANGE_EPSILON = 1e-4
+# Ours (overload_watch): during measurement rounds the pool is still judged for a traffic change when at
+# least this share of the DIPs is finished and observed; a refresh of one DIP no longer hides +10 % traffic
+# for the minute it takes (dynamics: 11-14 intervals to react on 5 of 20 seeds, 2-4 with it).
+POOL_WHILE_MEASURING = 0.8
 
 
 @dataclass(frozen=True)
@@ -224,8 +229,10 @@ class VipController:
         trusted = self._trusted(now, observations)
         reasons += self._failures(now, trusted)
         reasons += self._breaker(now, trusted)
+        measured = {n for n in trusted if n in self.dips and self.dips[n].measuring is not None}
         reasons += self._advance_measurements(now, trusted)
-        reasons += self._dynamics(now, trusted)
+        # a round that served a measurement (even its last one) is not also a verdict on the new curve
+        reasons += self._dynamics(now, {n: m for n, m in trusted.items() if n not in measured})
         reasons += self._refresh(now, set(remeasure))
         plan = self._plan(now, config, reasons)
         for reason in reasons:
@@ -375,6 +382,13 @@ class VipController:
         reasons = []
         for name, m in trusted.items():
             dip = self.dips[name]
+            measured_at = self.scheduled.get(name, 0.0)
+            if m.successes == 0 and m.timeouts and not m.errors and dip.measuring is not None and measured_at > 0:
+                # ours: only timeouts at the weight Algorithm 1 just gave it - overloaded by the measurement, not
+                # dead (shared/seeds/003: slow failures are not fast ones); the measurement takes it as a drop
+                reasons.append(f"{name}: every probe timed out at its measurement weight {measured_at:.3f}: a drop "
+                               "(overload), not a failure")
+                continue
             if m.successes == 0:
                 dip.fail_rounds += 1
                 if not dip.failed and dip.fail_rounds >= self.settings.failure_rounds:
@@ -432,7 +446,8 @@ class VipController:
             weight = self._weight_of(name, m)
             planned = self.scheduled.get(name)
             scheduled = planned is not None and abs(weight - planned) <= max(1e-9, tol * planned)
-            dip.measuring.record(weight, m, self.settings, equal, now, scheduled=scheduled)
+            expected = dip.curve_obj().latency(weight) if dip.measuring.refresh and dip.curve is not None else None
+            dip.measuring.record(weight, m, self.settings, equal, now, scheduled=scheduled, expected=expected)
             if scheduled:
                 self.scheduled.pop(name, None)
             if dip.measuring.done:
@@ -447,16 +462,23 @@ class VipController:
         if m.l0 is not None and not any(w <= 0 for w, _ in clean):
             clean.insert(0, (0.0, m.l0))  # a refresh starts at the current weight; l_0 is still known
         drops = [(w, latency) for w, latency, dropped in m.points if dropped]
+        w_max = m.w_max
+        if m.refresh and not drops and self.settings.refresh_needs_room and dip.ready:
+            # It stopped before it found a limit: beyond its last weight the old curve still stands.
+            top = max((w for w, _ in clean), default=0.0)
+            clean += [(w, latency) for w, latency in dip.points if w > top * 1.05]
+            drops = [(w, latency) for w, latency in dip.drop_points if w > top * 1.05]
+            w_max = max(w_max, dip.w_max)
         dip.points = clean[-self.settings.max_fit_points:]
         dip.drop_points = drops[-self.settings.max_fit_points:]
         dip.measuring = None
         dip.iterations = m.iterations
         self.detector.reset(dip.name)
-        if m.w_max <= 0 or len({round(w, 12) for w, _ in clean}) < 2:
+        if w_max <= 0 or len({round(w, 12) for w, _ in clean}) < 2:
             dip.curve, dip.w_max = None, 0.0
             return [f"curve: {dip.name} dropped at every weight tried; only the minimum weight"]
-        reason = self._fit(dip, now, w_max=m.w_max)
-        return [f"curve: {dip.name} measured in {m.iterations} iterations, w_max={m.w_max:.4f}; {reason}"]
+        reason = self._fit(dip, now, w_max=w_max)
+        return [f"curve: {dip.name} measured in {m.iterations} iterations, w_max={w_max:.4f}; {reason}"]
 
     def _fit(self, dip: DipState, now: float, *, w_max: float) -> str:
         drop_latency = self.settings.drop_latency_factor * dip.l0 if dip.l0 else None
@@ -482,21 +504,27 @@ class VipController:
         steady = "measuring" not in self.plan.flags and not self.measuring
         rounds: dict[str, RoundView] = {}
         curves: dict[str, tuple[LatencyCurve, float]] = {}
+        overload_only: set[str] = set()
         for name, m in trusted.items():
             dip = self.dips[name]
             if not dip.ready or dip.measuring is not None or dip.failed or self.breaker.is_ejected(name):
                 continue
             if not steady and dip.returned_at is None:
-                continue
+                if not self.settings.overload_watch:
+                    continue
+                overload_only.add(name)  # ours: an overloaded DIP is not left so while others measure
             if m.successes == 0 or m.latency_mean is None:
                 continue
             weight = self._weight_of(name, m)
+            drop = self.settings.drop_latency_factor * dip.l0 if dip.l0 and self.settings.overload_watch else math.inf
             rounds[name] = RoundView(weight, m.latency_mean, m.timeouts / m.sent if m.sent else 1.0,
-                                     round_noise(m.latency_mean, m.latency_p50, m.latency_p90, m.successes))
+                                     round_noise(m.latency_mean, m.latency_p50, m.latency_p90, m.successes), drop)
             curves[name] = (dip.curve_obj(), dip.w_max)
         if not rounds:
             return []
-        verdict = self.detector.observe(rounds, curves, pool=steady)
+        # ours: while a few DIPs measure, the rest still show a traffic change (the paper waits for the steady state)
+        pool = steady or (self.settings.overload_watch and len(overload_only) >= POOL_WHILE_MEASURING * len(self.dips))
+        verdict = self.detector.observe(rounds, curves, pool=pool, overload_only=frozenset(overload_only))
         if verdict.traffic_factor is not None:
             for dip in self.dips.values():
                 if dip.ready:
@@ -550,7 +578,8 @@ class VipController:
 
     def _start_refresh(self, dip: DipState, now: float) -> None:
         """Re-measure with Algorithm 1 from the current weight (at most ``w_max``), l_0 known; the old
-        ``w_max`` is the threshold beyond which the run is cautious."""
+        ``w_max`` - or the knee of the current curve when lower (``refresh_needs_room``) - is the
+        threshold beyond which the run is cautious."""
         current = self.plan.weights.get(dip.name, 0.0) if self.plan else 0.0
         if dip.w_max > 0:
             current = min(current, dip.w_max)  # after a capacity cut: not at the weight that overloaded it
@@ -558,6 +587,10 @@ class VipController:
                            pending_equal=False, w_cur=current)
         m.target = max(current, self.settings.safety.min_weight, 1e-4) if dip.l0 is not None else None
         m.threshold = dip.w_max if dip.w_max > 0 else None  # ssthresh: cautious steps beyond the old w_max
+        if m.threshold is not None and self.settings.refresh_needs_room and dip.curve is not None:
+            knee = knee_weight(dip.curve_obj(), self.settings.refresh_knee_elasticity, dip.w_max)
+            if knee is not None:
+                m.threshold = min(m.threshold, knee)  # beyond the curve's knee only with evidence of room
         dip.measuring = m
 
     # --- 8. the plan ----------------------------------------------------------------------------
@@ -590,14 +623,18 @@ class VipController:
             abs(self.plan.weights[n] - full[n]) for n in full
         ) < PLAN_CHANGE_EPSILON:
             return None
+        previous = self.plan
         self.version += 1
         plan = WeightPlan(
             vip=self.vip, weights=full, predicted_latency=dict(predicted or {}), objective=objective,
             objective_kind=objective_kind, method=method, solve_seconds=solve_seconds, version=self.version,
             computed_at=now, reasons=tuple(reasons), flags=tuple(flags),
         )
+        moved = previous is None or set(previous.weights) != set(full) or max(
+            abs(previous.weights[n] - full[n]) for n in full) >= PLAN_CHANGE_EPSILON
         self.plan = plan
-        self.applied_at = now
+        if moved:  # a plan that only restates the weights drains nothing (a repeated over-capacity plan blinded it)
+            self.applied_at = now
         self._curves_changed = False
         return plan
 
@@ -649,7 +686,9 @@ class VipController:
         solve_remainder = None
         if finished:
             def solve_remainder(dips: Sequence[str], total: float) -> Mapping[str, float]:
-                return self._solve(list(dips), total, {}, self.settings.solver_objective).weights
+                objective = self.settings.solver_objective
+                first = self._solve(list(dips), total, {}, objective).weights
+                return self._hold_ramps(now, list(dips), total, {}, objective, first)[0]
         capacity = {n: self._capacity_estimate(n, equal) for n in live}
         by_capacity = self.settings.measurement_remainder == "capacity"
         schedule = schedule_round(requests, finished, others, solve_remainder, max_zero=max_zero,
@@ -659,7 +698,8 @@ class VipController:
         note = (f"measurement round {self.measurement_rounds}: {len(schedule.scheduled)} DIPs at Algorithm 1 weights, "
                 f"{len(schedule.deferred)} deferred; remainder {schedule.remainder:.3f} by {schedule.remainder_method}")
         weights = {n: schedule.weights.get(n, 0.0) for n in self.dips}
-        self._slow_start_measurement(now, weights, schedule.scheduled, live)
+        if schedule.remainder_method != "solver":  # the solver already held the ramps (_hold_ramps)
+            self._slow_start_measurement(now, weights, schedule.scheduled, live)
         return self._emit(weights, now, f"measurement/{schedule.remainder_method}",
                           [*reasons, note] + ([schedule.note] if schedule.note else []), flags=("measuring",),
                           force=True)
@@ -677,10 +717,26 @@ class VipController:
                     self.dips[name].returned_at = None
         return ramp
 
+    def _hold_ramps(self, now: float, names: list[str], total: float, pins: Mapping[str, float], objective: str,
+                    solved: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+        """Slow start through the solver: a returning DIP whose solved share exceeds its ramp cap is
+        pinned at the cap and the solver places the rest, so every other DIP stays within its
+        curve's cap (``w_max``). Returns the weights and the ramp caps (computed once, from the
+        first solution). Handing the excess out in proportion to the weights instead (as
+        :meth:`_slow_start_measurement` must when no solver is at hand, and as the rails'
+        projection did) once put an 8-vCPU DIP at 112 % of its ``w_max`` when two large DIPs
+        came back at once (``dynamics`` seed 2). Raises what the solver raises."""
+        ramp = self._ramp_caps(now, solved, names)
+        over = {n: cap for n, cap in ramp.items() if solved.get(n, 0.0) > cap and n not in pins}
+        if not over:
+            return dict(solved), ramp
+        return dict(self._solve(names, total, {**pins, **over}, objective).weights), ramp
+
     def _slow_start_measurement(self, now: float, weights: dict[str, float], scheduled: Mapping[str, float],
                                 live: Sequence[str]) -> None:
-        """Slow start holds in measurement rounds too: a returning DIP's share of the remainder is
-        capped by its ramp and the excess goes to the other unscheduled DIPs by their weights."""
+        """Slow start holds in measurement rounds too: a returning DIP's share of a remainder that was
+        not solved (spread by capacity or split equally) is capped by its ramp and the excess goes to
+        the other unscheduled DIPs by their weights."""
         ramp = {n: cap for n, cap in self._ramp_caps(now, weights, live).items() if n not in scheduled}
         excess = sum(max(0.0, weights[n] - cap) for n, cap in ramp.items())
         takers = {n: w for n, w in weights.items() if n not in scheduled and n not in ramp and w > 0}
@@ -774,13 +830,32 @@ class VipController:
                 if method == "kept" and sum(solved.values()) <= 0:
                     solved = capacity_proportional({n: self.dips[n].w_max for n in ready})
                     method = "capacity-proportional"
+        ramp: dict[str, float] | None = None
+        if method not in ("", "equal-split", "capacity-proportional", "kept"):
+            try:
+                solved, ramp = self._hold_ramps(now, ready, free_total, pins, objective, solved)
+            except (KnapsackLBError, ValueError, ArithmeticError):
+                # the others' w_max cannot carry what the ramps hold back: over capacity until they are up
+                ramp = self._ramp_caps(now, solved, ready)
+                held = {n: min(solved.get(n, 0.0), cap) for n, cap in ramp.items()}
+                rest = capacity_proportional({n: self.dips[n].w_max for n in ready if n not in held and n not in pins})
+                spare = free_total - sum(held.values()) - sum(w for n, w in pins.items() if n in ready)
+                solved = {**{n: w * spare for n, w in rest.items()}, **held,
+                          **{n: w for n, w in pins.items() if n in ready}}
+                flags.append("over-capacity")
+                reasons = [*reasons, "over capacity while returning DIPs ramp up: the others' w_max cannot carry "
+                           "the rest; spread in proportion to estimated capacity"]
         solved = {n: solved.get(n, 0.0) for n in self.dips}
         for name in starved:
             solved[name] = 0.0
         healthy = {n for n in live if n not in pins}
-        ramp = self._ramp_caps(now, solved, live)
+        if ramp is None:
+            ramp = self._ramp_caps(now, solved, live)
         if ramp:
             flags.append("slow-start")
+            if (not reasons and not self._curves_changed and self.plan is not None
+                    and now < self.applied_at + self.drain_time + s.interval - 1e-9):
+                return None  # ours: the ramp steps once its last step was observed (rounds are stale until then)
         previous = None if self.plan is None or "measuring" in self.plan.flags else dict(self.plan.weights)
         weights = apply_rails(
             solved, previous=previous, healthy=healthy, min_weight=s.safety.min_weight,

@@ -179,14 +179,33 @@ class ControllerSettings(BaseModel):
         "not leave it pessimistic for good. False = rescale only (paper)."
     )
     refresh_cautious_step: float = Field(
-        0.1, ge=0, le=1, description="Ours: a refresh's Algorithm 1 runs up to the DIP's previous w_max and then "
-        "grows its weight by at most this fraction per iteration (TCP-like: the old w_max is ssthresh), so that "
-        "re-measuring a live DIP does not jump past its capacity. 0 = the paper's unbounded run."
+        0.1, ge=0, le=1, description="Ours: a refresh's Algorithm 1 runs up to a threshold (the DIP's previous "
+        "w_max, or its curve's knee with refresh_needs_room) and beyond it grows the weight by at most this fraction "
+        "per iteration (TCP-like: the threshold is ssthresh), less where the last step's arc elasticity says the "
+        "latency would rise more than 25 %, so that re-measuring a live DIP does not jump past its capacity. "
+        "0 = the paper's unbounded run."
     )
     refresh_knee_elasticity: float = Field(
-        4.0, ge=0, description="Ours: a refresh beyond the old w_max stops when a step's arc elasticity "
+        4.0, ge=0, description="Ours: a refresh beyond its threshold stops when a step's arc elasticity "
         "ln(l_i/l_i-1)/ln(w_i/w_i-1) reaches this (about 80 % utilisation under M/M/c for any number of cores; the "
-        "paper's 5x-l_0 drop comes near 97 % on 8 cores). 0 = off."
+        "paper's 5x-l_0 drop comes near 97 % on 8 cores); the same elasticity on the current curve marks the knee "
+        "that refresh_needs_room uses as the threshold. 0 = off."
+    )
+    overload_watch: bool = Field(
+        True, description="Ours: overload acts at once - timeouts, or a drop-level latency (drop_latency_factor x "
+        "l_0) 3 times the curve and beyond 4 standard errors cut the DIP's w_max to 90 % of what it served - and "
+        "finished DIPs are watched during other DIPs' measurement rounds too, where the paper judges only the "
+        "steady state: for overload (at a weight within their w_max), and the pool for a traffic change when at "
+        "least 80 % of the DIPs are finished. A DIP whose capacity fell while another was being measured stayed "
+        "above capacity until that measurement ended. False = timeouts only, steady state only (paper)."
+    )
+    refresh_needs_room: bool = Field(
+        True, description="Ours: a refresh runs Algorithm 1 only up to the knee of the DIP's current curve (where "
+        "its elasticity reaches refresh_knee_elasticity; the old w_max if that is lower) and goes further, by "
+        "cautious steps, only if the latency there is at least capacity_change_threshold below the curve: a "
+        "re-measurement is a bet that the DIP has room, and near capacity one interval of a lost bet costs more "
+        "than the refresh can gain. Otherwise it ends there and keeps the old w_max and the old points above. "
+        "False = Algorithm 1 up to the old w_max and cautious steps beyond it whatever the latency."
     )
     traffic_drift_threshold: float = Field(
         0.03, ge=0, lt=1, description="Ours: a pool-wide drift of the latencies against the curves smaller than a "
@@ -248,6 +267,8 @@ class ControllerSettings(BaseModel):
             remeasure_after_loss=False,
             refresh_cautious_step=0.0,
             refresh_knee_elasticity=0.0,
+            refresh_needs_room=False,
+            overload_watch=False,
             traffic_drift_threshold=0.0,
             circuit_breaker=CircuitBreakerSettings(enabled=False),
             safety=SafetySettings(min_weight=0.0, max_weight_change=1.0, slow_start=0.0, overload_headroom=0.0),

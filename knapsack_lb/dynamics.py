@@ -65,6 +65,14 @@ K_MIN, K_MAX = 1 / 3, 3.0  # bounds of one inverse-curve estimate
 K_EVENT_MIN, K_EVENT_MAX = 0.5, 1.25  # bounds of one rescale: a wrong estimate is corrected by the next event
 RECENT_ROUNDS = 3
 NOISE_SIGMAS = 4.0  # 30 DIPs judged every round: a 3-sigma test would fire on noise every few minutes
+# A round this many times above its curve and at a drop-level latency is overload, acted on at once. A
+# +10 % traffic step moves a 1-vCPU DIP at 70 % utilisation from 3.3 to about 4.5 x l_0 (1.4 x its
+# curve, and past the paper's 5 x l_0 drop on noise); a DIP pushed past its capacity grows without bound.
+OVERLOAD_RATIO = 3.0
+# A pool-wide estimate weighs DIPs by their curve's elasticity, capped at the knee: there the inverse is
+# already well-conditioned, and further up the curve's shape, not the traffic, decides a DIP's latency
+# (one DIP at elasticity 19 once outweighed the other 29 and shifted every curve the wrong way).
+SLOPE_CAP = 4.0
 
 
 def scale_curve(curve: LatencyCurve, k: float) -> LatencyCurve:
@@ -135,6 +143,31 @@ def elasticity(curve: LatencyCurve, weight: float) -> float:
     return max(0.0, math.log(up / down) / (math.log(1.01) - math.log(0.99)))
 
 
+def knee_weight(curve: LatencyCurve, knee: float, hi: float) -> float | None:
+    """The smallest weight in ``(0, hi]`` where the curve's :func:`elasticity` reaches ``knee``
+    (about 80 % utilisation for ``knee = 4`` under M/M/c), None if it stays below up to ``hi``.
+
+    Scanned on a grid of 64 points, then bisected between the last two; the elasticity of a
+    convex, non-decreasing curve grows with the weight, so the first crossing is the knee.
+    """
+    if knee <= 0 or hi <= 0:
+        return None
+    grid = [hi * (i + 1) / 64 for i in range(64)]
+    below = 0.0
+    for w in grid:
+        if elasticity(curve, w) >= knee:
+            lo, up = below, w
+            for _ in range(30):
+                mid = (lo + up) / 2
+                if elasticity(curve, mid) >= knee:
+                    up = mid
+                else:
+                    lo = mid
+            return up
+        below = w
+    return None
+
+
 def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
     """The value at which the cumulative weight reaches half the total (values sorted)."""
     pairs = sorted(zip(values, weights, strict=True))
@@ -188,6 +221,7 @@ class RoundView:
     latency: float
     timeout_share: float
     noise: float = 0.0  # standard error of ln(latency) from this round's own spread (0 = unknown)
+    drop_latency: float = math.inf  # section 4.3's drop: at or above this latency the DIP is overloaded
 
 
 @dataclass(frozen=True)
@@ -227,13 +261,17 @@ class ChangeDetector:
 
     def observe(
         self, rounds: Mapping[str, RoundView], curves: Mapping[str, tuple[LatencyCurve, float]], *,
-        pool: bool = True,
+        pool: bool = True, overload_only: frozenset[str] = frozenset(),
     ) -> Verdict:
         """``rounds``: this round's trusted rounds of ready DIPs; ``curves``: dip -> (curve, w_max).
-        ``pool=False`` judges only per-DIP capacity changes (no traffic shift or drift)."""
+        ``pool=False`` judges only per-DIP capacity changes (no traffic shift or drift); DIPs in
+        ``overload_only`` are judged only for overload (timeouts, or a drop-level latency far
+        above the curve: :meth:`_overloaded`) at a weight within their ``w_max``, which is
+        unambiguous even while other DIPs' weights move."""
         s = self.settings
+        judged_rounds = rounds if pool else {d: v for d, v in rounds.items() if d not in overload_only}
         deviation: dict[str, float] = {}
-        for dip, view in rounds.items():
+        for dip, view in judged_rounds.items():
             self.tracks.setdefault(dip, DipTrack())
             curve, _ = curves[dip]
             predicted = curve.latency(view.weight)
@@ -243,7 +281,7 @@ class ChangeDetector:
         notes: list[str] = []
         # --- traffic: most DIPs off their curves the same way --------------------------------------
         judged = len(deviation)
-        pooled = pool and judged >= 3 and judged >= 0.5 * len(rounds)
+        pooled = pool and judged >= 3 and judged >= 0.5 * len(judged_rounds)
         if pooled:
             med = statistics.median(deviation.values())
             same = sum(1 for x in deviation.values() if x * med > 0) / judged
@@ -263,9 +301,9 @@ class ChangeDetector:
                     recent = self.tracks[dip].deviations[-s.change_confirmations:]
                     observed = curve.latency(weight) * math.exp(statistics.fmean(recent))
                     k = shift_factor(curve, weight, observed, w_max)
-                    if k is not None:
+                    if k is not None and K_MIN < k < K_MAX:  # a clamped inverse says nothing about the size
                         factors.append(math.log(k))
-                        slopes.append(elasticity(curve, weight) ** 2)
+                        slopes.append(min(SLOPE_CAP, elasticity(curve, weight)) ** 2)
                 if factors:
                     # slope-weighted median: a DIP in its curve's flat part gives a noisy inverse
                     k = min(K_EVENT_MAX, max(K_EVENT_MIN, math.exp(weighted_median(factors, slopes))))
@@ -289,17 +327,23 @@ class ChangeDetector:
             if view.weight <= 0:
                 continue
             curve, w_max = curves[dip]
-            track = self.tracks[dip]
-            if view.timeout_share > s.drop_failure_share:
+            track = self.tracks.setdefault(dip, DipTrack())
+            if dip in overload_only and view.weight > w_max * (1 + 1e-6):
+                continue  # a measurement round's remainder put it past its curve's limit: overload is no news
+            timed_out = view.timeout_share > s.drop_failure_share
+            if timed_out or self._overloaded(view, curve):
                 served = view.weight * (1 - view.timeout_share)
                 k = min(1.0, max(K_EVENT_MIN, 0.9 * served / w_max)) if w_max > 0 else K_EVENT_MIN
                 if k < 1.0:
                     capacity[dip] = k
-                    notes.append(f"capacity change on {dip}: {view.timeout_share:.0%} of probes timed out at weight "
-                                 f"{view.weight:.4f}; w_max cut, curve rescaled by k={k:.3f}")
+                    what = (f"{view.timeout_share:.0%} of probes timed out" if timed_out else
+                            f"latency {view.latency * 1000:.1f} ms is a drop (>= {view.drop_latency * 1000:.1f} ms) "
+                            f"and {view.latency / curve.latency(view.weight):.1f}x its curve")
+                    notes.append(f"capacity change on {dip}: {what} at weight {view.weight:.4f}; w_max cut, curve "
+                                 f"rescaled by k={k:.3f}")
                 track.reset()
                 continue
-            if dip not in deviation:
+            if dip not in deviation or dip in overload_only:
                 continue
             if not pooled:  # else already recorded by the traffic judgement above
                 track.deviations = [*track.deviations, deviation[dip]][-RECENT_ROUNDS:]
@@ -323,7 +367,11 @@ class ChangeDetector:
                     # below its knee one noisy inverse is a guess: re-measure (a loss is cut first); at the
                     # knee the inverse is well-conditioned and a refresh's first step could overload the DIP
                     below_knee = elasticity(curve, view.weight) < s.refresh_knee_elasticity
-                    if below_knee and (s.remeasure_on_gain if k > 1 else s.remeasure_after_loss):
+                    if k > 1:
+                        again = s.remeasure_on_gain and (below_knee or s.refresh_needs_room)
+                    else:
+                        again = below_knee and s.remeasure_after_loss
+                    if again:
                         remeasure.add(dip)
                         action = ("back to measurement (Algorithm 1 from its current weight)" if k > 1 else
                                   f"curve cut by k={k:.3f}, then back to measurement")
@@ -334,6 +382,17 @@ class ChangeDetector:
                 track.reset()
         return Verdict(capacity=capacity, observed=observed_points, notes=tuple(notes),
                        remeasure=frozenset(remeasure))
+
+    def _overloaded(self, view: RoundView, curve: LatencyCurve) -> bool:
+        """Ours: a round at a drop-level latency (section 4.3) that is also ``OVERLOAD_RATIO`` times
+        and ``NOISE_SIGMAS`` of its own noise above the curve: the DIP is overloaded now, like one
+        whose probes time out."""
+        if not math.isfinite(view.drop_latency) or view.latency < view.drop_latency:
+            return False
+        predicted = curve.latency(view.weight)
+        if not (math.isfinite(predicted) and predicted > 0):
+            return False
+        return math.log(view.latency / predicted) > max(math.log(OVERLOAD_RATIO), NOISE_SIGMAS * view.noise)
 
     def _drift(
         self, rounds: Mapping[str, RoundView], curves: Mapping[str, tuple[LatencyCurve, float]]
@@ -347,7 +406,7 @@ class ChangeDetector:
             return None
         means = {d: statistics.fmean(self.tracks[d].deviations) for d in rounds
                  if len(self.tracks[d].deviations) >= RECENT_ROUNDS}
-        slopes = {d: elasticity(curves[d][0], rounds[d].weight) for d in means}
+        slopes = {d: min(SLOPE_CAP, elasticity(curves[d][0], rounds[d].weight)) for d in means}
         found = pooled_shift(means, slopes)
         if found is None:
             self.drift_pending = 0

@@ -14,7 +14,8 @@ infeasible (or there are no finished DIPs) it is split equally over all DIPs not
 Ours on top: weight-0 requests (for ``l_0``) always "fit" but at most ``max_zero`` DIPs sit
 at 0 at once, so the rest of the pool is not overloaded at a cold start. When nothing is
 left to take the remainder, it is spread over the scheduled DIPs in proportion to their
-weights and those rounds no longer count as measurements at the requested weight.
+weights; when that remainder is small (``COUNTED_SCALE_REMAINDER``) the rounds count as
+measurements at the scaled weights, else not at all.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from knapsack_lb.errors import KnapsackLBError
 
 SUM_EPSILON = 1e-9
+COUNTED_SCALE_REMAINDER = 0.1  # a round scaled up to take at most this remainder still measures its weights
 
 RemainderSolver = Callable[[Sequence[str], float], Mapping[str, float]]
 """``solve(finished_dips, total)`` -> weights over those DIPs summing to ``total``; raises a
@@ -130,6 +132,13 @@ def schedule_round(
         scale = 1.0 / sum(positive.values())
         for dip, w in positive.items():
             weights[dip] = w * scale
+        # A small scale-up is a measurement at the scaled weights: Algorithm 1 goes on from there (not
+        # counting it livelocked a cold start of a small pool at high load: every DIP measuring, targets
+        # summing to 0.97, every round scaled and discarded). A large one (an l_0 request leaving one
+        # DIP all the traffic) says little about the weight Algorithm 1 asked for: it waits.
+        if remainder <= COUNTED_SCALE_REMAINDER:
+            return Schedule(weights, {d: weights[d] for d in taken}, tuple(deferred), remainder, "scaled",
+                            "no DIP left for the remainder: scheduled weights scaled up, measured there")
         return Schedule(weights, {d: w for d, w in taken.items() if w <= 0}, tuple(deferred), remainder, "scaled",
                         "no DIP left for the remainder: scheduled weights scaled up")
     share = 1.0 / len(taken)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -11,6 +12,7 @@ from knapsack_lb.controller import SolveRequest, SolveResult, VipController
 from knapsack_lb.curves import QueueingCurve
 from knapsack_lb.errors import SolverError
 from knapsack_lb.fluid import FluidModel
+from knapsack_lb.model import Measurement
 
 from .loop import FAST, Loop, small_pool, vip_config
 
@@ -167,3 +169,109 @@ def test_drain_time_is_measured_and_waited_out() -> None:
     assert loop.ctl.plan is not None
     oracle = model.oracle().quality.mean_latency
     assert model.quality(loop.ctl.plan.weights).mean_latency <= 1.05 * oracle
+
+
+def _fail_and_return(loop: Loop, name: str) -> list:
+    """Fail ``name`` after the build, bring it back, and return the plans of its slow-start ramp."""
+    loop.until_built()
+    for _ in range(3):
+        loop.tick()
+    loop.model.fail(name)
+    for _ in range(3):
+        loop.tick()
+    loop.model.restore(name)
+    start = len(loop.plans)
+    for _ in range(int(loop.ctl.settings.safety.slow_start / loop.ctl.settings.interval) + 4):
+        loop.tick()
+    return loop.plans[start:]
+
+
+@pytest.mark.parametrize("load", [0.7, 0.85])
+def test_a_returning_dips_ramp_never_pushes_the_others_past_their_w_max(load: float) -> None:
+    """Slow start holds the returning DIP below its solved share; the solver, not a proportional
+    hand-out, places what it may not take yet, so no other DIP goes past its measured limit."""
+    dips = small_pool()
+    model = FluidModel(dips, total_rate=load * sum(d.capacity for d in dips), seed=5)
+    model.set_weights({d.name: 1.0 for d in dips}, 0.0)
+    loop = Loop(model, VipController("vip", [d.name for d in dips], FAST, rng=random.Random(1)))
+    ramp = [p for p in _fail_and_return(loop, "b") if "slow-start" in p.flags]
+    assert ramp, "the returning DIP never ramped"
+    for plan in (p for p in ramp if "over-capacity" not in p.flags):  # there w_max cannot hold by definition
+        for name, dip in loop.ctl.dips.items():
+            if name != "b" and dip.ready:
+                assert plan.weights[name] <= dip.w_max * (1 + 1e-6), (name, plan.weights[name], dip.w_max)
+    assert ramp[0].weights["b"] < ramp[-1].weights["b"]
+
+
+def test_a_ramp_steps_only_once_its_last_step_could_be_observed() -> None:
+    """With a drain time every new plan makes the next rounds stale; a ramp that stepped every
+    interval would leave the pool unobserved for the whole slow start."""
+    dips = small_pool()
+    model = FluidModel(dips, total_rate=0.7 * sum(d.capacity for d in dips), seed=5)
+    model.set_weights({d.name: 1.0 for d in dips}, 0.0)
+    loop = Loop(model, VipController("vip", [d.name for d in dips], FAST, rng=random.Random(1)))
+    loop.ctl.drain_time = 10.0
+    ramp = [p for p in _fail_and_return(loop, "b") if "slow-start" in p.flags]
+    assert len(ramp) >= 2
+    gaps = [b.computed_at - a.computed_at for a, b in itertools.pairwise(ramp)]
+    assert min(gaps) >= loop.ctl.drain_time + FAST.interval
+
+
+def test_a_refresh_without_evidence_of_room_keeps_the_old_limit_and_stays_below_the_knee(loop: Loop) -> None:
+    loop.until_built()
+    for _ in range(3):
+        loop.tick()
+    before = loop.ctl.dips["c"]
+    w_max, high_points = before.w_max, [p for p in before.points if p[0] > 0.9 * before.w_max]
+    start = len(loop.plans)
+    loop.tick(remeasure=("c",))
+    for _ in range(20):
+        if "c" not in loop.ctl.measuring:
+            break
+        loop.tick()
+    assert "c" not in loop.ctl.measuring
+    dip = loop.ctl.dips["c"]
+    assert dip.w_max >= w_max * (1 - 1e-9)  # nothing in the refresh contradicted the old limit
+    for point in high_points:  # the old curve above where the refresh stopped still stands
+        assert any(abs(p[0] - point[0]) < 1e-12 for p in dip.points)
+    for plan in loop.plans[start:]:
+        assert loop.model.utilisation(plan.weights)["c"] < 0.95
+
+
+def test_a_small_pool_at_high_load_finishes_its_cold_start() -> None:
+    """Every DIP measuring and their Algorithm 1 weights summing below 1: the rounds are scaled up
+    and must count at the scaled weights, or the measurement never advances (it once looped forever)."""
+    dips = small_pool()
+    model = FluidModel(dips, total_rate=0.85 * sum(d.capacity for d in dips), seed=5)
+    model.set_weights({d.name: 1.0 for d in dips}, 0.0)
+    loop = Loop(model, VipController("vip", [d.name for d in dips], FAST, rng=random.Random(1)))
+    loop.until_built(limit=60)
+    assert all(d.ready for d in loop.ctl.dips.values())
+
+
+@pytest.mark.parametrize(("errors", "timeouts", "failed"), [(0, 100, False), (100, 0, True)])
+def test_timeouts_at_a_measurement_weight_are_a_drop_and_fast_errors_a_failure(
+        loop: Loop, errors: int, timeouts: int, failed: bool) -> None:
+    """A DIP that only times out at the weight Algorithm 1 just gave it is overloaded by the
+    measurement, not dead: it backtracks instead of being removed (and measured from scratch when it
+    answers again). Fast errors are a failure as ever."""
+    raised: dict[str, float] = {}
+    for _ in range(30):
+        loop.tick()
+        raised = {n: w for n, w in loop.ctl.scheduled.items() if w > 0 and (m := loop.ctl.dips[n].measuring)
+                  is not None and m.l0 is not None and not m.pending_equal}  # running Algorithm 1
+        if raised:
+            break
+    name, weight = next(iter(raised.items()))
+    loop.now += loop.ctl.settings.interval
+    observations = loop.model.measure(loop.now)
+    observations[name] = Measurement("vip", name, loop.now, weight, 100, 0, errors, timeouts, None, None, None, None,
+                                     1.0, "t")
+    plan = loop.ctl.step(loop.now, observations)
+    assert plan is not None
+    assert loop.ctl.dips[name].failed is failed
+    if not failed:
+        measuring = loop.ctl.dips[name].measuring
+        assert measuring is not None and measuring.last_dropped and measuring.target is not None
+        assert measuring.target < weight  # Algorithm 1's backtrack
+        assert any("not a failure" in r for r in plan.reasons)

@@ -14,6 +14,7 @@ from knapsack_lb.dynamics import (
     RoundView,
     elasticity,
     estimate_drain_time,
+    knee_weight,
     refresh_candidates,
     round_noise,
     scale_curve,
@@ -154,15 +155,18 @@ def test_a_drift_below_the_traffic_threshold_is_corrected_once_significant() -> 
 
 def test_a_capacity_change_below_the_knee_is_re_measured_a_loss_after_its_cut() -> None:
     """M/M/1-shaped curves (elasticity w / (c - w)): at w = 0.2 (1) one point's inverse is a guess,
-    so the DIP is re-measured; at w = 0.36 (9, past the knee of 4) the inverse stands."""
+    so the DIP is re-measured; at w = 0.36 (9, past the knee of 4) a loss's inverse stands, and a
+    gain is re-measured only by a refresh that needs room (``refresh_needs_room``), else rescaled."""
     curves = {d: (QueueingCurve(0.0, 0.001, 0.4), 0.38) for d in "abcd"}
-    for weight, factor, gain, remeasured, action in (
-        (0.2, 0.7, True, True, "back to measurement"), (0.2, 1.4, False, True, "cut by"),
-        (0.36, 0.7, True, False, "rescaled"),
+    for weight, factor, gain, remeasured, action, room in (
+        (0.2, 0.7, True, True, "back to measurement", True), (0.2, 1.4, False, True, "cut by", True),
+        (0.36, 1.4, False, False, "rescaled", True), (0.36, 0.7, True, True, "back to measurement", True),
+        (0.36, 0.7, True, False, "rescaled", False),
     ):
         latency = curves["a"][0].latency(weight)
         rounds = {d: RoundView(weight, latency, 0.0) for d in "abc"} | {"d": RoundView(weight, latency * factor, 0.0)}
-        verdict = ChangeDetector(ControllerSettings(change_confirmations=1)).observe(rounds, curves)
+        settings = ControllerSettings(change_confirmations=1, refresh_needs_room=room)
+        verdict = ChangeDetector(settings).observe(rounds, curves)
         assert (verdict.capacity["d"] > 1) is gain
         assert (verdict.remeasure == {"d"}) is remeasured and action in verdict.notes[0]
     paper = ChangeDetector(ControllerSettings(change_confirmations=1, remeasure_on_gain=False))
@@ -187,3 +191,65 @@ def test_a_deviation_within_the_rounds_own_noise_is_not_a_capacity_change() -> N
         det = ChangeDetector(ControllerSettings(change_confirmations=1))
         verdict = det.observe(calm | {"d": RoundView(0.2, 0.0065, 0.0, noise)}, curves)
         assert ("d" in verdict.capacity) is changed
+
+
+def test_the_knee_of_an_mm1_curve_is_at_four_fifths_of_capacity() -> None:
+    """Elasticity of b / (c - w) is w / (c - w): 4 at w = 0.8 c; never reached below hi -> None."""
+    curve = QueueingCurve(0.0, 0.001, 0.5)
+    assert knee_weight(curve, 4.0, hi=0.49) == pytest.approx(0.4, rel=1e-4)
+    assert knee_weight(curve, 4.0, hi=0.3) is None
+    assert knee_weight(curve, 0.0, hi=0.49) is None  # knee switched off
+
+
+def _overload_round(factor: float, weight: float = 0.3, l0: float = 0.0025) -> tuple[dict[str, RoundView], dict]:
+    curves = {d: (QueueingCurve(0.0, 0.001, 0.4), 0.3) for d in "abcd"}
+    calm = {d: RoundView(0.2, curves[d][0].latency(0.2), 0.0, 0.0, 5 * l0) for d in "abc"}
+    return calm | {"d": RoundView(weight, factor * curves["d"][0].latency(weight), 0.0, 0.0, 5 * l0)}, curves
+
+
+@pytest.mark.parametrize("overload_only", [frozenset(), frozenset("abcd")])
+def test_a_drop_level_latency_far_above_the_curve_is_overload_cut_at_once(overload_only: frozenset[str]) -> None:
+    """No timeouts, no confirmation: 4x its curve at a drop-level latency cuts w_max to 90 % of the weight
+    it was overloaded at, in the steady state and while other DIPs measure alike."""
+    rounds, curves = _overload_round(4.0)
+    verdict = ChangeDetector(ControllerSettings(change_confirmations=3)).observe(
+        rounds, curves, pool=not overload_only, overload_only=overload_only)
+    assert set(verdict.capacity) == {"d"} and verdict.capacity["d"] == pytest.approx(0.9)
+    assert "is a drop" in verdict.notes[0] and "4.0x its curve" in verdict.notes[0]
+
+
+def test_a_latency_below_three_times_the_curve_or_the_drop_level_is_not_overload() -> None:
+    rounds, curves = _overload_round(2.5)  # a traffic step moves a DIP by ~1.4x; 2.5x still is not overload
+    det = ChangeDetector(ControllerSettings(change_confirmations=3))
+    assert not det.observe(rounds, curves, pool=False, overload_only=frozenset("abcd")).capacity
+    rounds, curves = _overload_round(4.0, l0=1.0)  # far above the curve but below 5 x l_0: no drop
+    assert not det.observe(rounds, curves, pool=False, overload_only=frozenset("abcd")).capacity
+
+
+def test_overload_past_w_max_while_others_measure_is_no_news() -> None:
+    """A measurement round's remainder may put a DIP past its curve's limit; its overload says nothing."""
+    rounds, curves = _overload_round(4.0, weight=0.33)
+    verdict = ChangeDetector(ControllerSettings()).observe(rounds, curves, pool=False, overload_only=frozenset("d"))
+    assert not verdict.capacity
+
+
+def test_overload_only_dips_are_not_judged_for_gains_or_small_losses() -> None:
+    rounds, curves = _overload_round(1.0)
+    rounds["d"] = RoundView(0.2, 0.5 * curves["d"][0].latency(0.2), 0.0)
+    det = ChangeDetector(ControllerSettings(change_confirmations=1))
+    assert not det.observe(rounds, curves, pool=False, overload_only=frozenset("d")).capacity
+    assert det.observe(rounds, curves, pool=False).capacity["d"] > 1  # judged in full otherwise
+
+
+def test_a_dip_at_its_curves_cliff_does_not_steer_the_traffic_shift() -> None:
+    """+10 % traffic on eight M/M/1 DIPs; a ninth sits at its curve's cliff (elasticity ~ 50) with a
+    latency below its curve: uncapped, its squared elasticity outweighed the rest and shifted every
+    curve the wrong way (k > 1)."""
+    det = ChangeDetector(ControllerSettings(change_confirmations=1))
+    rate = 1000.0
+    curves = {f"m{i}": (QueueingCurve(0.0, 1 / rate, 0.1), 0.09) for i in range(8)}
+    rounds = {f"m{i}": RoundView(0.07, 1 / ((0.1 - 0.07 * 1.1) * rate), 0.0) for i in range(8)}
+    curves["cliff"] = (QueueingCurve(0.0, 1 / rate, 0.1), 0.099)
+    rounds["cliff"] = RoundView(0.098, 0.5 * curves["cliff"][0].latency(0.098), 0.0)
+    verdict = det.observe(rounds, curves)
+    assert verdict.traffic_factor is not None and verdict.traffic_factor < 1

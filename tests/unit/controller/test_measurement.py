@@ -143,11 +143,44 @@ def test_a_refresh_stops_at_the_knee_of_its_curve(elasticity: float, stops: bool
     settings = ControllerSettings()  # knee at arc elasticity 4
     m = DipMeasurement("d", 0.0, refresh=True, l0=0.01, pending_zero=False, pending_equal=False, w_cur=0.1,
                        target=0.1, threshold=0.1)
-    m.record(0.1, _m(0.015), settings, 0.1, 5.0, scheduled=True)
-    assert not m.done and m.target == pytest.approx(0.11)
+    m.record(0.1, _m(0.015), settings, 0.1, 5.0, scheduled=True, expected=0.03)  # room: half the curve's latency
+    assert not m.done and m.room_seen and m.target == pytest.approx(0.11)
     m.record(0.11, _m(0.015 * 1.1 ** elasticity), settings, 0.1, 10.0, scheduled=True)
     assert m.done is stops
     if stops:
         assert m.w_max == pytest.approx(0.11) and m.target is None
     again = DipMeasurement.from_dict(m.to_dict())
     assert again.to_dict() == m.to_dict()
+
+
+def _refresh_at_threshold(latency: float, expected: float | None, settings: ControllerSettings) -> DipMeasurement:
+    m = DipMeasurement("d", 0.0, refresh=True, l0=0.01, pending_zero=False, pending_equal=False, w_cur=0.1,
+                       target=0.1, threshold=0.1)
+    m.record(0.1, _m(latency), settings, 0.1, 5.0, scheduled=True, expected=expected)
+    return m
+
+
+@pytest.mark.parametrize(("latency", "expected", "goes_on"), [
+    (0.015, 0.030, True),  # 50 % below the curve: room
+    (0.015, 0.018, False),  # 17 % below: within the 20 % capacity threshold, no evidence
+    (0.020, 0.018, False),  # above the curve
+    (0.015, None, False),  # no curve to compare with
+])
+def test_a_refresh_goes_past_its_threshold_only_with_evidence_of_room(
+        latency: float, expected: float | None, goes_on: bool) -> None:
+    m = _refresh_at_threshold(latency, expected, ControllerSettings())
+    assert m.done is not goes_on and m.room_seen is goes_on
+    if not goes_on:
+        assert m.w_max == pytest.approx(0.1) and m.target is None  # it ends where it stood
+
+
+def test_without_refresh_needs_room_a_refresh_goes_on_regardless() -> None:
+    m = _refresh_at_threshold(0.020, 0.018, ControllerSettings(refresh_needs_room=False))
+    assert not m.done and m.target == pytest.approx(0.11)
+
+
+@pytest.mark.parametrize(("arc", "step"), [(1.0, 0.10), (3.0, 1.25 ** (1 / 3) - 1), (3.9, 1.25 ** (1 / 3.9) - 1)])
+def test_steps_past_the_threshold_shrink_with_the_measured_elasticity(arc: float, step: float) -> None:
+    m = _refresh_at_threshold(0.015, 0.030, ControllerSettings())
+    m.record(0.11, _m(0.015 * 1.1 ** arc), ControllerSettings(), 0.1, 10.0, scheduled=True)
+    assert not m.done and m.target == pytest.approx(0.11 * (1 + step))

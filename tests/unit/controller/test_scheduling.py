@@ -64,11 +64,14 @@ def test_a_failed_solver_falls_back_to_capacity_estimates_when_given() -> None:
     assert sched.weights == pytest.approx({"m": 0.2, "small": 0.2, "big": 0.6})
 
 
-def test_with_nobody_left_the_scheduled_weights_are_scaled_and_no_longer_count() -> None:
+def test_with_nobody_left_the_scheduled_weights_are_scaled_and_count_only_when_a_little() -> None:
     sched = schedule_round([MeasurementRequest("a", 0.2, PRIORITY_NORMAL, 0.0),
                             MeasurementRequest("b", 0.2, PRIORITY_NORMAL, 0.0)], [], [], None)
     assert sched.weights == pytest.approx({"a": 0.5, "b": 0.5})
     assert sched.scheduled == {} and sched.remainder_method == "scaled"
+    near = schedule_round([MeasurementRequest("a", 0.45, PRIORITY_NORMAL, 0.0),
+                           MeasurementRequest("b", 0.5, PRIORITY_NORMAL, 0.0)], [], [], None)
+    assert near.scheduled == pytest.approx({"a": 0.45 / 0.95, "b": 0.5 / 0.95}) and "measured there" in near.note
 
 
 def test_a_full_schedule_needs_no_remainder() -> None:
