@@ -22,9 +22,9 @@ reached the socket (the kernel's receive timestamp, Linux ``SO_TIMESTAMPNS``; so
 read with ``recvmsg`` by :class:`_SocketTransport` because asyncio's transports drop it),
 not when this process got round to reading it, and ends on time thanks to the service
 model's busy-wait timers when asked for (:mod:`knapsack_lb.testbed.queueing`, ``--spin-limit``); on a
-busy machine the process must also be woken on time, which ``--realtime-priority``
-(``SCHED_FIFO``, :mod:`knapsack_lb.testbed.realtime`) gets it. What is left between a client
-and the injected time is the loopback round trip and the HTTP handling on both sides.
+busy machine the process must also be woken on time: ``--realtime-priority`` (``SCHED_FIFO``,
+:mod:`knapsack_lb.testbed.realtime`) sees to that. What is left between a client and the
+injected time is the loopback round trip and the HTTP handling on both sides.
 
 Reserved paths: ``GET /health`` (200, no work), ``GET /stats`` (JSON counters),
 ``POST /admin/capacity?factor=F`` (noisy neighbour: service rate times ``F``),
