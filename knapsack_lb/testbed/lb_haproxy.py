@@ -94,6 +94,9 @@ class HAProxyTestbed:
         else:
             self.admin_port = free_port()
         self.config_path.write_text(self.render_config())
+        # A state file an earlier run left here holds that run's servers (ports, runtime weights); HAProxy
+        # would load it and send traffic to backends that are gone (a second `make demo` answered nothing).
+        self.state_file.unlink(missing_ok=True)
         binary = require_binary("haproxy")
         self._proc = ManagedProcess(
             [binary, "-W", "-db", "-f", str(self.config_path)], log_path=self.workdir / "haproxy.log"

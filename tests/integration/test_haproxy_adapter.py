@@ -208,3 +208,16 @@ def test_testbed_starts_from_a_relative_working_directory(
     monkeypatch.chdir(tmp_path)
     with HAProxyTestbed(backends, Path("relative-haproxy")) as testbed:
         assert _adapter(testbed).apply(WeightPlan(vip="web", weights=TARGET)).ok
+
+
+def test_a_new_testbed_does_not_load_the_state_file_an_earlier_run_left(
+        backends: dict[str, str], tmp_path: Path) -> None:
+    """A second `make demo` in the same directory answered no request: HAProxy loaded the first
+    run's server-state file, with that run's backend ports and runtime weights."""
+    workdir = tmp_path / "again"
+    with HAProxyTestbed(backends, workdir) as first:
+        assert _adapter(first).apply(WeightPlan(vip="web", weights={"b1": 1.0, "b2": 0.0, "b3": 0.0})).ok
+    assert (workdir / "server-state").exists()
+    with HAProxyTestbed(backends, workdir) as second:
+        counts = lb_harness.measure_split(second, 300)
+        assert "<failed>" not in counts and set(counts) == set(NAMES), counts  # its own config, all three
