@@ -81,6 +81,11 @@ class SolveRequest:
     time_limit: float
 
 
+def _same_weights(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
+    """The same DIPs, no weight moved by ``PLAN_CHANGE_EPSILON`` or more."""
+    return set(a) == set(b) and max((abs(a[n] - b[n]) for n in b), default=0.0) < PLAN_CHANGE_EPSILON
+
+
 @dataclass(frozen=True)
 class SolveResult:
     weights: dict[str, float]
@@ -619,21 +624,17 @@ class VipController:
             full = {n: 1 / len(full) for n in full}
             total = 1.0
         full = {n: w / total for n, w in full.items()}
-        if not force and not reasons and self.plan is not None and set(self.plan.weights) == set(full) and max(
-            abs(self.plan.weights[n] - full[n]) for n in full
-        ) < PLAN_CHANGE_EPSILON:
+        restated = self.plan is not None and _same_weights(self.plan.weights, full)
+        if not force and not reasons and restated:
             return None
-        previous = self.plan
         self.version += 1
         plan = WeightPlan(
             vip=self.vip, weights=full, predicted_latency=dict(predicted or {}), objective=objective,
             objective_kind=objective_kind, method=method, solve_seconds=solve_seconds, version=self.version,
             computed_at=now, reasons=tuple(reasons), flags=tuple(flags),
         )
-        moved = previous is None or set(previous.weights) != set(full) or max(
-            abs(previous.weights[n] - full[n]) for n in full) >= PLAN_CHANGE_EPSILON
         self.plan = plan
-        if moved:  # a plan that only restates the weights drains nothing (a repeated over-capacity plan blinded it)
+        if not restated:  # restating the weights drains nothing (a repeated over-capacity plan blinded it)
             self.applied_at = now
         self._curves_changed = False
         return plan
@@ -688,7 +689,7 @@ class VipController:
             def solve_remainder(dips: Sequence[str], total: float) -> Mapping[str, float]:
                 objective = self.settings.solver_objective
                 first = self._solve(list(dips), total, {}, objective).weights
-                return self._hold_ramps(now, list(dips), total, {}, objective, first)[0]
+                return self._hold_ramps(list(dips), total, {}, objective, first, self._ramp_caps(now, first, dips))
         capacity = {n: self._capacity_estimate(n, equal) for n in live}
         by_capacity = self.settings.measurement_remainder == "capacity"
         schedule = schedule_round(requests, finished, others, solve_remainder, max_zero=max_zero,
@@ -717,20 +718,19 @@ class VipController:
                     self.dips[name].returned_at = None
         return ramp
 
-    def _hold_ramps(self, now: float, names: list[str], total: float, pins: Mapping[str, float], objective: str,
-                    solved: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
-        """Slow start through the solver: a returning DIP whose solved share exceeds its ramp cap is
-        pinned at the cap and the solver places the rest, so every other DIP stays within its
-        curve's cap (``w_max``). Returns the weights and the ramp caps (computed once, from the
-        first solution). Handing the excess out in proportion to the weights instead (as
+    def _hold_ramps(self, names: list[str], total: float, pins: Mapping[str, float], objective: str,
+                    solved: Mapping[str, float], ramp: Mapping[str, float]) -> dict[str, float]:
+        """Slow start through the solver: a returning DIP whose ``solved`` share exceeds its ``ramp``
+        cap (:meth:`_ramp_caps` of that solution) is pinned at the cap and the solver places the rest,
+        so every other DIP stays within its curve's cap (``w_max``). Handing the excess out in
+        proportion to the weights instead (as
         :meth:`_slow_start_measurement` must when no solver is at hand, and as the rails'
         projection did) once put an 8-vCPU DIP at 112 % of its ``w_max`` when two large DIPs
         came back at once (``dynamics`` seed 2). Raises what the solver raises."""
-        ramp = self._ramp_caps(now, solved, names)
         over = {n: cap for n, cap in ramp.items() if solved.get(n, 0.0) > cap and n not in pins}
         if not over:
-            return dict(solved), ramp
-        return dict(self._solve(names, total, {**pins, **over}, objective).weights), ramp
+            return dict(solved)
+        return dict(self._solve(names, total, {**pins, **over}, objective).weights)
 
     def _slow_start_measurement(self, now: float, weights: dict[str, float], scheduled: Mapping[str, float],
                                 live: Sequence[str]) -> None:
@@ -832,11 +832,11 @@ class VipController:
                     method = "capacity-proportional"
         ramp: dict[str, float] | None = None
         if method not in ("", "equal-split", "capacity-proportional", "kept"):
+            ramp = self._ramp_caps(now, solved, ready)
             try:
-                solved, ramp = self._hold_ramps(now, ready, free_total, pins, objective, solved)
+                solved = self._hold_ramps(ready, free_total, pins, objective, solved, ramp)
             except (KnapsackLBError, ValueError, ArithmeticError):
                 # the others' w_max cannot carry what the ramps hold back: over capacity until they are up
-                ramp = self._ramp_caps(now, solved, ready)
                 held = {n: min(solved.get(n, 0.0), cap) for n, cap in ramp.items()}
                 rest = capacity_proportional({n: self.dips[n].w_max for n in ready if n not in held and n not in pins})
                 spare = free_total - sum(held.values()) - sum(w for n, w in pins.items() if n in ready)

@@ -229,7 +229,7 @@ class DipMeasurement:
             return
         cautious = settings.refresh_cautious_step
         arc = self._arc_elasticity(weight, latency, dropped)
-        if settings.refresh_needs_room and arc is not None and arc > 0 and weight >= (self.threshold or math.inf):
+        if settings.refresh_needs_room and arc is not None and arc > 0 and self._past_threshold(weight):
             # ours: a step beyond the threshold may raise the latency by at most STEP_LATENCY_RISE
             cautious = min(cautious, STEP_LATENCY_RISE ** (1 / arc) - 1)
         self.l_prev = None if dropped or latency is None else latency
@@ -267,8 +267,8 @@ class DipMeasurement:
         steps by the curve's elasticity as well as the measured one made every re-measurement of
         the last phase too slow (+7-48 % on 13 of 14 seeds).
         """
-        if (not settings.refresh_needs_room or not self.refresh or self.threshold is None or self.room_seen
-                or dropped or latency is None or weight < self.threshold * (1 - 1e-9)):
+        if (not settings.refresh_needs_room or not self.refresh or self.room_seen or dropped or latency is None
+                or not self._past_threshold(weight)):
             return False
         if expected is not None and math.isfinite(expected) and latency <= expected * (
                 1 - settings.capacity_change_threshold):
@@ -287,10 +287,14 @@ class DipMeasurement:
         stop at low load is rare, and it only keeps ``w_max`` conservative.
         """
         knee = settings.refresh_knee_elasticity
-        if knee <= 0 or self.threshold is None or weight < self.threshold:
+        if knee <= 0 or not self._past_threshold(weight):
             return False
         arc = self._arc_elasticity(weight, latency, dropped)
         return arc is not None and arc >= knee
+
+    def _past_threshold(self, weight: float) -> bool:
+        """At or beyond the refresh's threshold (its ssthresh), up to rounding of the plan's weights."""
+        return self.threshold is not None and weight >= self.threshold * (1 - 1e-9)
 
     def _arc_elasticity(self, weight: float, latency: float | None, dropped: bool) -> float | None:
         """``ln(l_i / l_{i-1}) / ln(w_i / w_{i-1})`` of a refresh's last step up, None when unknown."""
