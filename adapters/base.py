@@ -1,7 +1,7 @@
 """The adapter contract: how a ``WeightPlan`` reaches a real load balancer.
 
 KnapsackLB changes nothing in the LB but its weights, through the interface the LB
-already has (shared/seeds/001, sections 3.2 and 6.5). An adapter:
+already has (KnapsackLB paper, sections 3.2 and 6.5). An adapter:
 
 * is built from its VIP's ``adapter.settings`` by ``from_config(raw)``, which fills
   defaults and validates every name that will reach a command or a file;

@@ -1,7 +1,7 @@
 """Weighted DNS with PowerDNS Authoritative: one LUA ``pickwrandom`` record per VIP.
 
 Where a load balancer offers no interface for weights, KnapsackLB balances with DNS that
-resolves the VIP's name to a DIP address chosen by weight (shared/seeds/001, section 3.2
+resolves the VIP's name to a DIP address chosen by weight (KnapsackLB paper, section 3.2
 "Using weights to control traffic", and section 6.5 / Table 6, Azure Traffic Manager). Here
 the DNS server is PowerDNS Authoritative with LUA records enabled
 (``enable-lua-records=yes``); the VIP's name holds one LUA rrset::
@@ -14,7 +14,7 @@ How ``apply`` works:
 
 1. the plan is quantised to integers over ``resolution`` units (largest remainder); DIPs
    with weight 0 are left out of the table; a plan with every DIP at 0 is refused (the name
-   would SERVFAIL, DESIGN.md);
+   would SERVFAIL, docs/design.md);
 2. the rrset is replaced through the REST API (``PATCH /api/v1/servers/<id>/zones/<zone>``,
    ``changetype: REPLACE``);
 3. the name is queried (dnspython, UDP) ``verify_queries`` times: the API accepts broken Lua

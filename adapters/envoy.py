@@ -1,7 +1,7 @@
 """Envoy adapter: weights as EDS ``load_balancing_weight``, served from a file or by an xDS server.
 
 KnapsackLB programs the weights through the interface the load balancer already has
-(shared/seeds/001, section 3.2 "Using weights to control traffic"); for Envoy that
+(KnapsackLB paper, section 3.2 "Using weights to control traffic"); for Envoy that
 interface is the Endpoint Discovery Service. One ``ClusterLoadAssignment`` per VIP
 (one Envoy cluster) carries one ``LbEndpoint`` per DIP with ``load_balancing_weight``.
 
@@ -15,7 +15,7 @@ Two ways to serve it (``settings.mode``):
   world ``StreamEndpoints``) that connected Envoys subscribe to; ``apply`` pushes the new
   assignment and waits for their ACK (a NACK rolls the server back to the last good one).
 
-Semantics (DESIGN.md, "Facts about the real load balancers"):
+Semantics (docs/design.md, "Facts about the real load balancers"):
 
 * weights are integers >= 1 (``quantise`` with ``low=1`` over ``resolution`` units);
 * Envoy rejects weight 0, so a DIP with weight 0 is *dropped* from the assignment; a plan

@@ -1,7 +1,7 @@
 """A minimal xDS control plane: a gRPC Endpoint Discovery Service for Envoy (state of the world).
 
 This is the "real control-plane deployment" way of handing weights to Envoy
-(shared/seeds/001, section 3.2: KnapsackLB programs the LB through the interface it
+(KnapsackLB paper, section 3.2: KnapsackLB programs the LB through the interface it
 already has; the controller stays off the data path). Envoy's cluster points its
 ``eds_cluster_config.eds_config`` at this server (``api_config_source: {api_type: GRPC,
 transport_api_version: V3, grpc_services: [{envoy_grpc: {cluster_name: xds}}]}``) and opens a

@@ -1,6 +1,6 @@
 """HAProxy adapter: weights through the runtime API of an admin ``stats socket``.
 
-KnapsackLB programs weights through the interface the LB already has (shared/seeds/001,
+KnapsackLB programs weights through the interface the LB already has (KnapsackLB paper,
 section 3.2 "Using weights to control traffic"; HAProxy is the paper's main LB). HAProxy 2.6
 takes ``set server <backend>/<server> weight <0-256>`` on a UNIX or TCP socket declared
 ``stats socket ... level admin``; a new weight applies to the next request.

@@ -1,7 +1,7 @@
 """Nginx (open source) adapter: render the upstream block, ``nginx -t``, then reload.
 
 KnapsackLB shows that it works with Nginx through the weights of its ``upstream`` servers
-(shared/seeds/001, section 6.5, Table 6: 20/30/50 observed as set). Open-source Nginx has no
+(KnapsackLB paper, section 6.5, Table 6: 20/30/50 observed as set). Open-source Nginx has no
 runtime API for weights (the ``api`` module is NGINX Plus only), so one ``apply`` is:
 
 1. every DIP of the plan must have an address in ``servers``; integer weights by
@@ -44,9 +44,9 @@ from typing import Any
 
 from adapters.base import ApplyResult, CheckResult, quantise
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
+from knapsack_lb.lab.procs import require_binary
 from knapsack_lb.model import WeightPlan
 from knapsack_lb.names import format_address, parse_address, validate_name
-from knapsack_lb.procs import require_binary
 
 METHODS = {"round_robin": "", "least_conn": "least_conn;", "random": "random;", "random_two": "random two;"}
 SERVER_LINE = re.compile(

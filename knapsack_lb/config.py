@@ -2,7 +2,7 @@
 
 One file describes the latency store (Redis), the VIPs with their DIPs, probe URL and
 adapter (:class:`knapsack_lb.model.VipConfig`, reused as is), the controller's knobs
-(:class:`knapsack_lb.controller_settings.ControllerSettings`), the probe workers, the admin
+(:class:`knapsack_lb.controller.settings.ControllerSettings`), the probe workers, the admin
 API and logging. Every field carries its unit and default in its description;
 ``docs/configuration.md`` is generated from these models by :func:`reference_markdown`
 (``klb config-reference``) and a test keeps the two in step.
@@ -30,7 +30,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
-from knapsack_lb.controller_settings import ControllerSettings
+from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.model import VipConfig
 from knapsack_lb.names import validate_host, validate_name
@@ -292,7 +292,7 @@ def _unwrap(annotation: Any) -> list[Any]:
 
 def _type_name(annotation: Any) -> str:
     text = str(annotation).replace("typing.", "").replace("pathlib.", "").replace("pydantic.types.", "")
-    for module in ("knapsack_lb.model.", "knapsack_lb.controller_settings.", "knapsack_lb.config."):
+    for module in ("knapsack_lb.model.", "knapsack_lb.controller.settings.", "knapsack_lb.config."):
         text = text.replace(module, "")
     if isinstance(annotation, type):
         text = annotation.__name__

@@ -94,7 +94,7 @@ class Measurement:
 
     Success latencies (mean, p50, p90, p99) are over successful requests only;
     ``failure_latency_mean`` is over failures, kept apart because a fast failure is not
-    fast service (ELS, shared/seeds/003). ``None`` means "no such request in the round".
+    fast service (ELS blog). ``None`` means "no such request in the round".
     """
 
     vip: str

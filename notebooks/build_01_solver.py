@@ -21,7 +21,7 @@ cells = [
         "import os\n"
         "import matplotlib.pyplot as plt\n"
         "import numpy as np\n"
-        "from knapsack_lb.solver.bench import PAPER_ILP_SECONDS, objective_table, scaling\n"
+        "from knapsack_lb.lab.bench.solver import PAPER_ILP_SECONDS, objective_table, scaling\n"
         "from knapsack_lb.solver.instances import table3_pool\n\n"
         "SMALL = bool(os.environ.get('KLB_NOTEBOOK_SMALL'))\n"
         "SIZES = [10, 30, 100] if SMALL else [10, 50, 100, 500, 1000, 10000]\n"

@@ -40,7 +40,7 @@ def policies_notebook() -> nbformat.NotebookNode:
             new_markdown_cell(
                 "## KnapsackLB 6.2: three DIPs (capacities 1, 0.8, 0.6) at layer 4\n\n"
                 "Connections are placed once by 4 MUXes and carry 10 requests each; least connections balances "
-                "connection counts, not load (DESIGN.md)."
+                "connection counts, not load (docs/design.md)."
             ),
             new_code_cell(
                 "three = compare('knapsack-3dip', duration=40 if SMALL else 400, skip=('knapsack',) if SMALL else ())\n"
@@ -65,7 +65,7 @@ def dynamics_notebook() -> nbformat.NotebookNode:
         cells=[
             new_markdown_cell(
                 "# KnapsackLB through dynamics (section 6.3)\n\n"
-                "The project's controller (`knapsack_lb.controller.VipController`) runs unchanged on simulated "
+                "The project's controller (`knapsack_lb.controller.core.VipController`) runs unchanged on simulated "
                 "time; its probe rounds go through the simulated DIP queues and its plans are pushed to the "
                 "MUXes' weighted round robin (new connections only). Full size: `knapsack-dynamics` (30 DIPs: "
                 "failure of DIP-25,26, capacity drop of DIP-25..28, +10% traffic). Small: the 3-DIP pool with "

@@ -2,7 +2,7 @@
 
 KnapsackLB section 5 reports the *average* latency over the 100 requests of a round; the
 percentiles (p50/p90/p99, nearest rank) are kept too, and failures are timed apart
-(shared/seeds/003, ELS: a fast failure is not fast service, so failure latency never
+(ELS blog, ELS: a fast failure is not fast service, so failure latency never
 mixes into the success latency).
 """
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from knapsack_lb.procs import RedisServer
+from knapsack_lb.lab.procs import RedisServer
 
 # The suite is reproducible: property tests draw the same examples on every run (CI once failed on
 # a fresh draw). Search new ground with `pytest --hypothesis-profile=explore` and pin what it finds

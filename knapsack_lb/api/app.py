@@ -1,6 +1,6 @@
 """The admin API (FastAPI): read everything, write only configuration and operator overrides.
 
-KnapsackLB (shared/seeds/001, section 5) keeps every piece of state in the latency store;
+KnapsackLB (section 5) keeps every piece of state in the latency store;
 this API is a window on it. Reads return VIPs, DIPs, the current plan with its reasons, the
 plan history, fitted curves with their measurement points, recent probe rounds and the
 status of controllers and probe workers. Writes change a VIP's stored ``VipConfig`` (add /

@@ -1,7 +1,7 @@
 """`klb` commands of the adapters: list installed adapters, benchmark them against real LBs.
 
 ``klb bench adapters --json`` starts, for each LB, emulated backends and the real load balancer
-on free loopback ports (knapsack_lb.testbed.lb_harness), pushes 10/30/60, sends ``--requests``
+on free loopback ports (knapsack_lb.lab.testbed.lb_harness), pushes 10/30/60, sends ``--requests``
 requests and reports the observed split error, then applies ``--plans`` plans under continuous
 traffic and reports apply latency (median, p99), the time until traffic follows a new plan and
 the failed requests. Everything stops by itself; an LB that cannot start is reported, not fatal.
@@ -22,7 +22,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from adapters.base import ENTRY_POINT_GROUP
-from knapsack_lb.testbed.lb_harness import TESTBEDS, bench_lb
+from knapsack_lb.lab.testbed.lb_harness import TESTBEDS, bench_lb
 
 DEFAULT_LBS = "haproxy,nginx,envoy,dns"
 

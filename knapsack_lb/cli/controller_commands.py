@@ -16,7 +16,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from knapsack_lb.errors import KnapsackLBError
 
 EXIT_INVALID = 2
-# The names of knapsack_lb.controller_bench.SCENARIOS, kept here so that `klb --help` does not import the
+# The names of knapsack_lb.lab.bench.controller.SCENARIOS, kept here so that `klb --help` does not import the
 # controller (scikit-learn, scipy: seconds); tests/unit/controller/test_cli_lazy.py checks they agree.
 SCENARIO_NAMES = ("paper30", "two-dip", "dynamics")
 
@@ -42,9 +42,9 @@ def controller_command(
         raise typer.Exit(run_services(config, probes=False, controller=True, api=False))
     if redis is None:
         raise _fail(ValueError("give --config FILE or --redis URL"))
-    from knapsack_lb.controller_service import run_controller_service
-    from knapsack_lb.controller_settings import ControllerSettings
-    from knapsack_lb.store_redis import RedisLatencyStore
+    from knapsack_lb.controller.settings import ControllerSettings
+    from knapsack_lb.service.controller import run_controller_service
+    from knapsack_lb.store.redis import RedisLatencyStore
 
     try:
         settings = ControllerSettings() if interval is None else ControllerSettings(interval=interval)
@@ -77,8 +77,8 @@ def bench_controller_command(
     as_json: bool = typer.Option(False, "--json", help="Print the full result as JSON on stdout."),
 ) -> None:
     """Run a controller scenario end to end in virtual time on the fluid model."""
-    from knapsack_lb.controller_bench import expected_rounds, run_scenario, summarise
-    from knapsack_lb.controller_settings import ControllerSettings
+    from knapsack_lb.controller.settings import ControllerSettings
+    from knapsack_lb.lab.bench.controller import expected_rounds, run_scenario, summarise
 
     settings = ControllerSettings.paper() if paper else ControllerSettings()
     try:

@@ -1,6 +1,6 @@
 """`klb demo` (issue #6, the project's main job): KnapsackLB against HAProxy on a live loopback testbed.
 
-See knapsack_lb/demo/ and docs/demo.md. ``make demo`` runs ``klb demo $(ARGS)``.
+See knapsack_lb/lab/demo/ and docs/demo.md. ``make demo`` runs ``klb demo $(ARGS)``.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         with the learned weights; print a comparison and write OUT/report.json and OUT/demo.png."""
         from rich.console import Console
 
-        from knapsack_lb.demo.runner import DemoAborted, run
-        from knapsack_lb.demo.settings import DemoSettings
         from knapsack_lb.errors import InvalidInputError
-        from knapsack_lb.logging_setup import configure_logging
+        from knapsack_lb.lab.demo.runner import DemoAborted, run
+        from knapsack_lb.lab.demo.settings import DemoSettings
+        from knapsack_lb.service.logs import configure_logging
 
         console = Console()
         if not console.is_terminal:  # a log or CI: no terminal width to fit, keep the table readable

@@ -22,7 +22,7 @@ from knapsack_lb.errors import InvalidInputError
 def _run_worker(redis: str, namespace: str, worker_id: str | None, vips: list[str], max_buffered_rounds: int,
                 lease_ttl: float | None, max_concurrency: int, duration: float | None) -> int:
     from knapsack_lb.config import ProbeWorkerSettings
-    from knapsack_lb.store_redis import RedisLatencyStore
+    from knapsack_lb.store.redis import RedisLatencyStore
     from probes.worker import ProbeWorker, ProbeWorkerOptions
 
     worker = ProbeWorkerSettings(worker_id=worker_id).resolved_worker_id()
@@ -68,7 +68,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             from knapsack_lb.cli.service_commands import run_services
 
             raise typer.Exit(run_services(config, probes=True, controller=False, api=False))
-        from knapsack_lb.logging_setup import configure_logging
+        from knapsack_lb.service.logs import configure_logging
 
         configure_logging(log_level, json_lines=log_format == "json")
         try:
@@ -97,7 +97,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         from rich.console import Console
         from rich.progress import Progress
 
-        from probes.bench import run_probe_benchmark
+        from knapsack_lb.lab.bench.probes import run_probe_benchmark
 
         phases = 3
         with Progress(console=Console(stderr=True), transient=True) as progress:

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from knapsack_lb.config import ConfigError, KlbConfig, load_config, reference_markdown, require_safe_listen
 from knapsack_lb.errors import InvalidInputError
-from knapsack_lb.logging_setup import configure_logging
+from knapsack_lb.service.logs import configure_logging
 
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="YAML configuration file.")]
 
@@ -57,7 +57,7 @@ class CheckItem:
 
 
 async def _check_redis(config: KlbConfig) -> CheckItem:
-    from knapsack_lb.service import open_store
+    from knapsack_lb.service.runner import open_store
 
     try:
         store = open_store(config.redis)
@@ -139,7 +139,7 @@ def run_services(config: Path, *, probes: bool, controller: bool, api: bool) -> 
 
     ``klb run`` runs all three; ``klb probe --config`` and ``klb controller --config`` run one.
     """
-    from knapsack_lb.service import ServiceRunner, api_component, controller_component, probe_component
+    from knapsack_lb.service.runner import ServiceRunner, api_component, controller_component, probe_component
 
     cfg = _load(config)
     configure_logging(cfg.logging.level, cfg.logging.json_lines)
@@ -172,7 +172,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     @app.command("api")
     def api_command(config: ConfigOption) -> None:
         """Serve only the admin API (and dashboard) until SIGTERM/SIGINT."""
-        from knapsack_lb.service import ServiceRunner, api_component
+        from knapsack_lb.service.runner import ServiceRunner, api_component
 
         cfg = _load(config)
         configure_logging(cfg.logging.level, cfg.logging.json_lines)

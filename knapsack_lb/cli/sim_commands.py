@@ -155,7 +155,7 @@ def compare_command(
 @sim_app.command("policies")
 def policies_command() -> None:
     """List the policy registry."""
-    from knapsack_lb.policies.registry import REGISTRY
+    from knapsack_lb.sim.policies.registry import REGISTRY
 
     table = Table(title="policies")
     table.add_column("name")
@@ -225,7 +225,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         as_json: bool = typer.Option(True, "--json/--no-json", help="Print JSON (default)."),
     ) -> None:
         """Simulated requests per wall-second (and per CPU-second) on one core."""
-        from knapsack_lb.sim.bench import bench_sim
+        from knapsack_lb.lab.bench.sim import bench_sim
 
         result = bench_sim(scenario=scenario, policy=policy, duration=duration, repeat=repeat)
         print(json.dumps(result, indent=2) if as_json else result)

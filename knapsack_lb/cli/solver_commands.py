@@ -73,7 +73,7 @@ def bench_solver_command(
     as_json: bool = typer.Option(True, "--json/--table", help="Print JSON (default) or a table."),
 ) -> None:
     """Solve one seeded pool with each method; print method, dips, levels, seconds, objective, gap."""
-    from knapsack_lb.solver.bench import run_solver_bench  # scipy: imported only when the bench runs
+    from knapsack_lb.lab.bench.solver import run_solver_bench  # scipy: imported only when the bench runs
 
     chosen = [m.strip() for m in methods.split(",") if m.strip()]
     try:

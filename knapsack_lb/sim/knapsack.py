@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 
 from knapsack_lb.clock import SimClock
-from knapsack_lb.controller import VipController
-from knapsack_lb.controller_settings import ControllerSettings
+from knapsack_lb.controller.core import VipController
+from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.model import Measurement, WeightPlan
-from knapsack_lb.policies.base import Outcome
 from knapsack_lb.sim.metrics import SimResult
+from knapsack_lb.sim.policies.base import Outcome
 from knapsack_lb.sim.simulation import Simulation
 from knapsack_lb.sim.spec import PolicySpec, Scenario
 

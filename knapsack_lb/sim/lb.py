@@ -11,9 +11,9 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from knapsack_lb.policies.base import Policy, StatelessPolicy
 from knapsack_lb.sim.engine import Engine
 from knapsack_lb.sim.network import Network
+from knapsack_lb.sim.policies.base import Policy, StatelessPolicy
 
 
 class LbInstance:

@@ -1,7 +1,7 @@
 """The claims registry: each document's headline numbers beside what the simulator gives.
 
-A claims module (one per document: ``claims_knapsack``, ``claims_l7``, ``claims_bloc``,
-``claims_dl3``, ``claims_els``) defines ``EXPERIMENTS: list[Experiment]``. An experiment runs
+A claims module (one per document in ``knapsack_lb.sim.claims``: ``knapsack``, ``l7``, ``bloc``,
+``dl3``, ``els``) defines ``EXPERIMENTS: list[Experiment]``. An experiment runs
 one scenario (at reduced size) with a few policies and returns one ``ClaimRow`` per claim:
 document, claim, metric, the document's value, the simulated value, whether the direction and rough
 size hold, and the command that reproduces it at full size. ``run_claims`` imports every module
@@ -22,11 +22,11 @@ from knapsack_lb.sim.simulation import run
 from knapsack_lb.sim.spec import PolicySpec, Scenario
 
 CLAIM_MODULES: tuple[str, ...] = (
-    "knapsack_lb.sim.claims_knapsack",
-    "knapsack_lb.sim.claims_l7",
-    "knapsack_lb.sim.claims_bloc",
-    "knapsack_lb.sim.claims_dl3",
-    "knapsack_lb.sim.claims_els",
+    "knapsack_lb.sim.claims.knapsack",
+    "knapsack_lb.sim.claims.l7",
+    "knapsack_lb.sim.claims.bloc",
+    "knapsack_lb.sim.claims.dl3",
+    "knapsack_lb.sim.claims.els",
 )
 
 
@@ -76,7 +76,7 @@ def experiments(only: str | None = None) -> list[Experiment | ClaimRow]:
     """Every registered experiment (or a row saying a claims module is missing)."""
     found: list[Experiment | ClaimRow] = []
     for module_name in CLAIM_MODULES:
-        short = module_name.rsplit("_", 1)[-1]
+        short = module_name.rsplit(".", 1)[-1]
         if only is not None and only != short:
             continue
         try:

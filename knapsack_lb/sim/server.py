@@ -11,7 +11,7 @@ Server-side features (switched per scenario or per policy, see ``ServerFeatures`
 one more request would push the queue (requests waiting, not in service) above ``capacity``
 (BLOC section IV-C), confidence chips granted unless ``r < q / (0.8 cap)`` (BLOC section IV-A,
 ``q`` = requests waiting when answering); the rules are BLOC's own functions in
-``knapsack_lb.policies.bloc``; ``capacity: dynamic`` uses its 30 s running average (IV-D) of the
+``knapsack_lb.sim.policies.bloc``; ``capacity: dynamic`` uses its 30 s running average (IV-D) of the
 active requests (in service included) sampled at each arrival,
 in-flight count piggybacked on every response (DL3 section III), utilisation and qps over the
 last window (ORCA). Failures: ``fail(fast)`` answers every request present and every new one with
@@ -29,8 +29,8 @@ from collections.abc import Callable
 from heapq import heappop, heappush
 from typing import Literal
 
-from knapsack_lb.policies.bloc import DynamicCapacity, aqm_admits, issue_chip
 from knapsack_lb.sim.engine import Engine
+from knapsack_lb.sim.policies.bloc import DynamicCapacity, aqm_admits, issue_chip
 
 Answer = Literal["ok", "error", "rejected"]
 

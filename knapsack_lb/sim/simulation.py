@@ -36,14 +36,14 @@ from heapq import heappush
 from math import log as _log
 from typing import Any
 
-from knapsack_lb.policies.base import Outcome, Policy, Request
-from knapsack_lb.policies.registry import PolicyContext, make_policy
 from knapsack_lb.sim.engine import Engine
 from knapsack_lb.sim.lb import LbInstance
 from knapsack_lb.sim.metrics import Recorder, SimResult, summarise
 from knapsack_lb.sim.network import Network
+from knapsack_lb.sim.policies.base import Outcome, Policy, Request
+from knapsack_lb.sim.policies.registry import PolicyContext, make_policy
 from knapsack_lb.sim.server import Answer, Job, SimDip
-from knapsack_lb.sim.service import sampler
+from knapsack_lb.sim.service_time import sampler
 from knapsack_lb.sim.spec import PolicySpec, Scenario
 
 
@@ -54,9 +54,9 @@ def stream(seed: int, name: str) -> random.Random:
 
 def build_policy(spec: PolicySpec, ctx: PolicyContext) -> Policy:
     """The registry policy wrapped in sticky sessions, then health checks, then shedding (as asked)."""
-    from knapsack_lb.policies.health_check import HealthChecked
-    from knapsack_lb.policies.shedding import LoadShedding
-    from knapsack_lb.policies.sticky import StickySessions
+    from knapsack_lb.sim.policies.health_check import HealthChecked
+    from knapsack_lb.sim.policies.shedding import LoadShedding
+    from knapsack_lb.sim.policies.sticky import StickySessions
 
     policy = make_policy(spec.name, ctx)
     if spec.sticky is not None:

@@ -3,7 +3,7 @@
 Objectives (``objective=``):
 
 * ``mean`` (default): ``sum_d w_d * l_d(w_d)``, the latency the average request sees (with
-  ``total=1``). DESIGN.md explains why this, not the paper's, is the default.
+  ``total=1``). docs/design.md explains why this, not the paper's, is the default.
 * ``sum``: ``sum_d l_d(w_d)``, the paper's Fig. 7 objective; every DIP counts once whatever
   its traffic, including DIPs left at weight 0 (at ``l_d(0)``).
 * ``max``: the largest latency among DIPs that carry traffic (weight > 0; pinned DIPs with a

@@ -9,7 +9,7 @@ exactly, for the exact solvers and the ILP alike: they all choose among the same
 which is what lets the tests compare them.
 
 ``CurveTable`` evaluates every free DIP's curve at once: quadratic and queueing curves
-(section 4.2 and DESIGN.md) share one formula ``a + b*w + c*w^2 + q/(s - w)`` over parameter
+(section 4.2 and docs/design.md) share one formula ``a + b*w + c*w^2 + q/(s - w)`` over parameter
 arrays; any other ``LatencyCurve`` is evaluated through its own ``latencies``. It also checks
 each curve on ``[0, w_max]`` (finite, non-negative, non-decreasing) and decides per DIP
 whether the objective's cost is convex on the grid, which is what makes greedy exact.

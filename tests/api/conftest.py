@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from knapsack_lb.api import create_app
 from knapsack_lb.clock import SystemClock
 from knapsack_lb.config import ApiSettings
-from knapsack_lb.procs import RedisServer, free_port, wait_for_port
+from knapsack_lb.lab.procs import RedisServer, free_port, wait_for_port
 from knapsack_lb.store import LatencyStore
 from tests.api.seed import seed_store
 
@@ -27,7 +27,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def make_store(url: str, namespace: str) -> LatencyStore:
-    from knapsack_lb.store_redis import RedisLatencyStore
+    from knapsack_lb.store.redis import RedisLatencyStore
 
     store: LatencyStore = RedisLatencyStore.from_url(url, namespace=namespace)
     return store

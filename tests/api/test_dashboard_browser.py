@@ -16,7 +16,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from knapsack_lb.procs import RedisServer
+from knapsack_lb.lab.procs import RedisServer
 from tests.api.conftest import live_server
 from tests.api.seed import DIPS
 

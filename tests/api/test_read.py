@@ -10,7 +10,7 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from knapsack_lb.procs import RedisServer
+from knapsack_lb.lab.procs import RedisServer
 from knapsack_lb.store import LatencyStore
 from tests.api.conftest import make_store
 from tests.api.seed import DIPS, PLAN_WEIGHTS, VIP, curve_of, vip_config

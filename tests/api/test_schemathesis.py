@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
 
 from knapsack_lb.api import create_app
-from knapsack_lb.procs import RedisServer
+from knapsack_lb.lab.procs import RedisServer
 from knapsack_lb.store import LatencyStore
 from tests.api.conftest import AUTH, TOKEN, LiveServer, live_server
 

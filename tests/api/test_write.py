@@ -9,7 +9,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from knapsack_lb.procs import RedisServer
+from knapsack_lb.lab.procs import RedisServer
 from knapsack_lb.store import LatencyStore
 from tests.api.conftest import AUTH, TOKEN, make_store
 from tests.api.seed import VIP

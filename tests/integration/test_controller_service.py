@@ -16,12 +16,12 @@ import pytest
 
 from adapters.recording import RecordingAdapter
 from knapsack_lb.clock import FakeClock
-from knapsack_lb.controller_service import LEASE_GROUP, ControllerService
-from knapsack_lb.controller_settings import ControllerSettings
-from knapsack_lb.fluid import FluidDip, FluidModel
+from knapsack_lb.controller.settings import ControllerSettings
+from knapsack_lb.lab.fluid import FluidDip, FluidModel
+from knapsack_lb.lab.procs import RedisServer
 from knapsack_lb.model import AdapterSpec, DipConfig, VipConfig
-from knapsack_lb.procs import RedisServer
-from knapsack_lb.store_redis import RedisLatencyStore
+from knapsack_lb.service.controller import LEASE_GROUP, ControllerService
+from knapsack_lb.store.redis import RedisLatencyStore
 
 SETTINGS = ControllerSettings(solver_units=20_000, lease_ttl=1.0)
 

@@ -15,10 +15,10 @@ import json
 import pytest
 from rich.console import Console
 
-from knapsack_lb.demo.phases import PHASES
-from knapsack_lb.demo.runner import run
-from knapsack_lb.demo.settings import DemoSettings
-from knapsack_lb.procs import require_binary
+from knapsack_lb.lab.demo.phases import PHASES
+from knapsack_lb.lab.demo.runner import run
+from knapsack_lb.lab.demo.settings import DemoSettings
+from knapsack_lb.lab.procs import require_binary
 
 
 def _tv(a: dict[str, float], b: dict[str, float]) -> float:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from knapsack_lb.procs import ManagedProcess, free_port, wait_for_port
-from knapsack_lb.testbed.emulator import Emulator, EmulatorConfig, EmulatorFleet
-from knapsack_lb.testbed.realtime import scheduler_name
+from knapsack_lb.lab.procs import ManagedProcess, free_port, wait_for_port
+from knapsack_lb.lab.testbed.emulator import Emulator, EmulatorConfig, EmulatorFleet
+from knapsack_lb.lab.testbed.realtime import scheduler_name
 
 
 def _conn(address: str) -> http.client.HTTPConnection:
@@ -91,7 +91,7 @@ def test_connection_close_is_honoured() -> None:
 
 def test_runs_as_a_subprocess_and_stops_on_sigterm(tmp_path: object) -> None:
     port = free_port()
-    argv = [sys.executable, "-m", "knapsack_lb.testbed.emulator", "--name", "sub", "--port", str(port),
+    argv = [sys.executable, "-m", "knapsack_lb.lab.testbed.emulator", "--name", "sub", "--port", str(port),
             "--mode", "ps", "--service-time", "0.005", "--distribution", "lognormal", "--duration", "30"]
     with ManagedProcess(argv) as proc:
         wait_for_port("127.0.0.1", port)
@@ -105,7 +105,7 @@ def test_runs_as_a_subprocess_and_stops_on_sigterm(tmp_path: object) -> None:
 def test_realtime_priority_is_applied_or_refused_with_a_warning(tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "emulator.log"
-    argv = [sys.executable, "-m", "knapsack_lb.testbed.emulator", "--name", "rt", "--port", str(port),
+    argv = [sys.executable, "-m", "knapsack_lb.lab.testbed.emulator", "--name", "rt", "--port", str(port),
             "--service-time", "0.002", "--distribution", "fixed", "--spin-limit", "0.0005",
             "--realtime-priority", "5", "--duration", "30"]
     with ManagedProcess(argv, log_path=log) as proc:
@@ -126,14 +126,14 @@ def test_realtime_priority_is_applied_or_refused_with_a_warning(tmp_path: Path) 
 
 def _realtime_allowed() -> bool:
     """Whether this process could switch to SCHED_FIFO (tried in a child, so the test itself stays ordinary)."""
-    probe = subprocess.run([sys.executable, "-c", "from knapsack_lb.testbed.realtime import request_realtime as r; "
+    probe = subprocess.run([sys.executable, "-c", "from knapsack_lb.lab.testbed.realtime import request_realtime as r; "
                             "import sys; sys.exit(1 if r(1) else 0)"], check=False, timeout=30)
     return probe.returncode == 0
 
 
 @pytest.mark.parametrize("bad", ["0", "100", "high", "5.5"])
 def test_a_bad_realtime_priority_is_refused_naming_the_flag(bad: str) -> None:
-    argv = [sys.executable, "-m", "knapsack_lb.testbed.emulator", "--name", "rt", "--realtime-priority", bad]
+    argv = [sys.executable, "-m", "knapsack_lb.lab.testbed.emulator", "--name", "rt", "--realtime-priority", bad]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 2
     assert f"--realtime-priority must be an integer in 1-99, got '{bad}'" in result.stderr

@@ -15,9 +15,9 @@ import pytest
 from adapters import envoy as envoy_module
 from adapters.base import make_adapter
 from adapters.envoy import EnvoyAdapter
+from knapsack_lb.lab.testbed import lb_harness
+from knapsack_lb.lab.testbed.lb_envoy import EnvoyDeltaXdsTestbed, EnvoyTestbed, EnvoyXdsTestbed
 from knapsack_lb.model import WeightPlan
-from knapsack_lb.testbed import lb_harness
-from knapsack_lb.testbed.lb_envoy import EnvoyDeltaXdsTestbed, EnvoyTestbed, EnvoyXdsTestbed
 
 NAMES = ("b1", "b2", "b3")
 TARGET = {"b1": 0.1, "b2": 0.3, "b3": 0.6}

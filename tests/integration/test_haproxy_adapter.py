@@ -1,5 +1,5 @@
 """The HAProxy adapter against a real HAProxy 2.6 on free loopback ports, in front of real
-emulated backends (knapsack_lb.testbed.emulator), through the shared LB harness."""
+emulated backends (knapsack_lb.lab.testbed.emulator), through the shared LB harness."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 from adapters.base import make_adapter
 from adapters.haproxy import HAProxyAdapter, HAProxyError, RuntimeApi
 from knapsack_lb.cli.main import app
+from knapsack_lb.lab.testbed import lb_harness
+from knapsack_lb.lab.testbed.lb_haproxy import HAProxyTestbed
 from knapsack_lb.model import WeightPlan
-from knapsack_lb.testbed import lb_harness
-from knapsack_lb.testbed.lb_haproxy import HAProxyTestbed
 
 NAMES = ("b1", "b2", "b3")
 TARGET = {"b1": 0.1, "b2": 0.3, "b3": 0.6}

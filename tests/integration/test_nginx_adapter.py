@@ -11,9 +11,9 @@ import pytest
 
 from adapters.base import make_adapter
 from adapters.nginx import NginxAdapter, worker_pids
+from knapsack_lb.lab.testbed import lb_harness
+from knapsack_lb.lab.testbed.lb_nginx import NginxTestbed
 from knapsack_lb.model import WeightPlan
-from knapsack_lb.testbed import lb_harness
-from knapsack_lb.testbed.lb_nginx import NginxTestbed
 
 NAMES = ("b1", "b2", "b3")
 TARGET = {"b1": 0.1, "b2": 0.3, "b3": 0.6}

@@ -17,9 +17,9 @@ import pytest
 
 from adapters.base import make_adapter
 from adapters.dns import PowerDnsAdapter
+from knapsack_lb.lab.testbed import lb_harness
+from knapsack_lb.lab.testbed.lb_pdns import PdnsTestbed
 from knapsack_lb.model import WeightPlan
-from knapsack_lb.testbed import lb_harness
-from knapsack_lb.testbed.lb_pdns import PdnsTestbed
 
 NAMES = ("b1", "b2", "b3")
 TARGET = {"b1": 0.1, "b2": 0.3, "b3": 0.6}

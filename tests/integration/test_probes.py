@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.lab.procs import ManagedProcess, RedisServer, free_port
+from knapsack_lb.lab.testbed.emulator import EmulatorConfig, EmulatorFleet
 from knapsack_lb.model import DipConfig, Measurement, ProbeSpec, VipConfig, WeightPlan
-from knapsack_lb.procs import ManagedProcess, RedisServer, free_port
-from knapsack_lb.store_redis import RedisLatencyStore
-from knapsack_lb.testbed.emulator import EmulatorConfig, EmulatorFleet
+from knapsack_lb.store.redis import RedisLatencyStore
 from probes.assignment import rendezvous_owner
 from probes.targets import build_targets, parse_probe_url
 from probes.worker import ProbeWorker, ProbeWorkerOptions

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from knapsack_lb.procs import RedisServer
-from knapsack_lb.store_redis import RedisLatencyStore
-from knapsack_lb.testbed.emulator import EmulatorConfig, EmulatorFleet
+from knapsack_lb.lab.procs import RedisServer
+from knapsack_lb.lab.testbed.emulator import EmulatorConfig, EmulatorFleet
+from knapsack_lb.store.redis import RedisLatencyStore
 
 NAMESPACE = "svc"
 

@@ -17,11 +17,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.lab.procs import ManagedProcess, RedisServer, free_port, require_binary, wait_for_port
 from knapsack_lb.model import DipConfig, Measurement, ProbeSpec, VipConfig, WeightPlan
-from knapsack_lb.procs import ManagedProcess, RedisServer, free_port, require_binary, wait_for_port
 from knapsack_lb.store import CurveRecord, LatencyStore
-from knapsack_lb.store_memory import MemoryLatencyStore
-from knapsack_lb.store_redis import RedisLatencyStore
+from knapsack_lb.store.memory import MemoryLatencyStore
+from knapsack_lb.store.redis import RedisLatencyStore
 
 
 class CountingConnection(aioredis.Connection):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from knapsack_lb.policies.base import Outcome, Request, Status
+from knapsack_lb.sim.policies.base import Outcome, Request, Status
 
 
 @dataclass

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from knapsack_lb.sim import claims_bloc, claims_dl3, claims_els
+from knapsack_lb.sim.claims import bloc as claims_bloc
+from knapsack_lb.sim.claims import dl3 as claims_dl3
+from knapsack_lb.sim.claims import els as claims_els
 from knapsack_lb.sim.reproduce import Experiment, experiments
 from knapsack_lb.sim.simulation import run
 from knapsack_lb.sim.spec import PolicySpec, load_scenario

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from knapsack_lb.policies.base import LbView, Outcome
-from knapsack_lb.policies.least_connections import LeastConnections
+from knapsack_lb.sim.policies.base import LbView, Outcome
+from knapsack_lb.sim.policies.least_connections import LeastConnections
 from knapsack_lb.sim.simulation import Simulation, run
 from knapsack_lb.sim.spec import load_scenario
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 
-from knapsack_lb.policies.base import LbView, Outcome, Request
-from knapsack_lb.policies.registry import PolicyContext
+from knapsack_lb.sim.policies.base import LbView, Outcome, Request
+from knapsack_lb.sim.policies.registry import PolicyContext
 from knapsack_lb.sim.simulation import Simulation
 from knapsack_lb.sim.spec import parse_scenario
 

@@ -1,4 +1,4 @@
-"""Rules of the classic policies (L7 report, shared/seeds/004; Envoy least_request) on hand-made states."""
+"""Rules of the classic policies (L7 report, L7 load balancer report; Envoy least_request) on hand-made states."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 
 from knapsack_lb.errors import InvalidInputError
-from knapsack_lb.policies.hash_ring import HashRing, ring_hash
-from knapsack_lb.policies.health_check import HealthChecked
-from knapsack_lb.policies.least_connections import LeastConnections, PowerOfTwo, WeightedLeastConnections
-from knapsack_lb.policies.least_response_time import LeastResponseTime
-from knapsack_lb.policies.random_choice import RandomChoice, WeightedRandom
-from knapsack_lb.policies.registry import PolicyContext, make_policy, policy_names
-from knapsack_lb.policies.round_robin import BlockWeightedRoundRobin, RoundRobin, SmoothWeightedRoundRobin
-from knapsack_lb.policies.shedding import LoadShedding, shed_probability
-from knapsack_lb.policies.sticky import StickySessions
+from knapsack_lb.sim.policies.hash_ring import HashRing, ring_hash
+from knapsack_lb.sim.policies.health_check import HealthChecked
+from knapsack_lb.sim.policies.least_connections import LeastConnections, PowerOfTwo, WeightedLeastConnections
+from knapsack_lb.sim.policies.least_response_time import LeastResponseTime
+from knapsack_lb.sim.policies.random_choice import RandomChoice, WeightedRandom
+from knapsack_lb.sim.policies.registry import PolicyContext, make_policy, policy_names
+from knapsack_lb.sim.policies.round_robin import BlockWeightedRoundRobin, RoundRobin, SmoothWeightedRoundRobin
+from knapsack_lb.sim.policies.shedding import LoadShedding, shed_probability
+from knapsack_lb.sim.policies.sticky import StickySessions
 from tests.sim.fakes import FakeView, outcome, request
 
 RNG = random.Random(7)

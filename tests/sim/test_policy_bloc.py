@@ -1,4 +1,4 @@
-"""BLOC (ACSOS'22, shared/seeds/000, sections III-IV): chips, AQM, capacity, Active/Inactive lists."""
+"""BLOC (ACSOS'22, BLOC paper, sections III-IV): chips, AQM, capacity, Active/Inactive lists."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 import pytest
 
 from knapsack_lb.errors import InvalidInputError
-from knapsack_lb.policies.base import Outcome, Request
-from knapsack_lb.policies.bloc import BlocPolicy, DynamicCapacity, aqm_admits, issue_chip, no_chip_probability
+from knapsack_lb.sim.policies.base import Outcome, Request
+from knapsack_lb.sim.policies.bloc import BlocPolicy, DynamicCapacity, aqm_admits, issue_chip, no_chip_probability
 from tests.sim.fakes import FakeView
 
 

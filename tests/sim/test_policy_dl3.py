@@ -1,4 +1,4 @@
-"""DL3 (shared/seeds/002, section III): T_load, RTT EWMA (alpha 0.125), healthy list, retraction, P2C."""
+"""DL3 (DL3 paper, section III): T_load, RTT EWMA (alpha 0.125), healthy list, retraction, P2C."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from knapsack_lb.errors import InvalidInputError
-from knapsack_lb.policies.base import Outcome, Request
-from knapsack_lb.policies.dl3 import Dl3Policy, probe_wait, rtt_ewma
+from knapsack_lb.sim.policies.base import Outcome, Request
+from knapsack_lb.sim.policies.dl3 import Dl3Policy, probe_wait, rtt_ewma
 
 
 @dataclass

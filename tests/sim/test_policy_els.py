@@ -1,4 +1,4 @@
-"""ELS (Spotify blog, shared/seeds/003): expected latency, probabilistic weights, relative breaker."""
+"""ELS (Spotify blog, ELS blog): expected latency, probabilistic weights, relative breaker."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import random
 import pytest
 
 from knapsack_lb.errors import InvalidInputError
-from knapsack_lb.policies.base import Outcome, Request
-from knapsack_lb.policies.els import DecayedMean, ElsPolicy, expected_latency, relative_outliers
-from knapsack_lb.policies.registry import PolicyContext, make_policy
+from knapsack_lb.sim.policies.base import Outcome, Request
+from knapsack_lb.sim.policies.els import DecayedMean, ElsPolicy, expected_latency, relative_outliers
+from knapsack_lb.sim.policies.registry import PolicyContext, make_policy
 from tests.sim.fakes import FakeView
 
 

@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 
 from knapsack_lb.errors import InvalidInputError
-from knapsack_lb.policies.base import Outcome, Request
-from knapsack_lb.policies.grpc_wrr import EdfScheduler, EndpointWeight, GrpcWrrPolicy, orca_weight
+from knapsack_lb.sim.policies.base import Outcome, Request
+from knapsack_lb.sim.policies.grpc_wrr import EdfScheduler, EndpointWeight, GrpcWrrPolicy, orca_weight
 from tests.sim.fakes import FakeView
 
 

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from knapsack_lb.errors import InvalidInputError
-from knapsack_lb.policies.base import Outcome, Request
-from knapsack_lb.policies.prequal import PrequalPolicy, ProbeEntry, hot_cold_select, rif_quantile
+from knapsack_lb.sim.policies.base import Outcome, Request
+from knapsack_lb.sim.policies.prequal import PrequalPolicy, ProbeEntry, hot_cold_select, rif_quantile
 from tests.sim.fakes import FakeView
 
 

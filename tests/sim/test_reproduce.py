@@ -18,7 +18,7 @@ def test_l7_sticky_claim_runs_and_holds() -> None:
 
 
 def test_missing_claims_module_is_a_row_that_does_not_hold(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(reproduce, "CLAIM_MODULES", ("knapsack_lb.sim.claims_nothing",))
+    monkeypatch.setattr(reproduce, "CLAIM_MODULES", ("knapsack_lb.sim.claims.nothing",))
     rows = run_claims()
     assert rows == [
         ClaimRow(
@@ -28,7 +28,7 @@ def test_missing_claims_module_is_a_row_that_does_not_hold(monkeypatch) -> None:
             "-",
             "-",
             False,
-            note="knapsack_lb.sim.claims_nothing does not exist",
+            note="knapsack_lb.sim.claims.nothing does not exist",
         )
     ]
 

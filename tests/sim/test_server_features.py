@@ -7,9 +7,9 @@ import statistics
 
 import pytest
 
-from knapsack_lb.policies.base import LbView, Outcome, Request
-from knapsack_lb.policies.registry import PolicyContext
 from knapsack_lb.sim.engine import Engine
+from knapsack_lb.sim.policies.base import LbView, Outcome, Request
+from knapsack_lb.sim.policies.registry import PolicyContext
 from knapsack_lb.sim.server import Job, SimDip
 from knapsack_lb.sim.simulation import Simulation
 from knapsack_lb.sim.spec import PolicySpec, load_scenario, parse_scenario

@@ -94,7 +94,7 @@ def test_worker_options_refuse_bad_values_by_name() -> None:
 async def test_takeover_and_rebalance_follow_the_injected_clock() -> None:
     from knapsack_lb.clock import FakeClock
     from knapsack_lb.model import DipConfig, ProbeSpec, VipConfig
-    from knapsack_lb.store_memory import MemoryLatencyStore
+    from knapsack_lb.store.memory import MemoryLatencyStore
     from probes.worker import ProbeWorker
 
     clock = FakeClock(1000.0)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from knapsack_lb.testbed.neighbours import NoisyNeighbours
+from knapsack_lb.lab.testbed.neighbours import NoisyNeighbours
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from knapsack_lb.testbed.queueing import PUNCTUAL_SPIN_LIMIT, ServiceModel, ServiceTimes
+from knapsack_lb.lab.testbed.queueing import PUNCTUAL_SPIN_LIMIT, ServiceModel, ServiceTimes
 
 
 async def _finish_times(model: ServiceModel, works: list[float]) -> list[float]:

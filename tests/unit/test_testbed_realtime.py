@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from knapsack_lb.testbed.realtime import request_realtime, scheduler_name, validate_priority
+from knapsack_lb.lab.testbed.realtime import request_realtime, scheduler_name, validate_priority
 
 
 @pytest.mark.parametrize("bad", [0, 100, -1, True, 5.0, "5"])
@@ -29,7 +29,7 @@ def test_an_ordinary_process_is_named_other() -> None:
 @pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="Linux scheduling policies")
 def test_request_realtime_either_switches_the_process_or_says_why() -> None:
     # In a child process, so the test runner itself never runs real-time.
-    code = ("from knapsack_lb.testbed.realtime import request_realtime, scheduler_name as n; "
+    code = ("from knapsack_lb.lab.testbed.realtime import request_realtime, scheduler_name as n; "
             "r = request_realtime(3); print(n(), repr(r))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
                          check=True).stdout.split(" ", 1)
@@ -48,7 +48,7 @@ def test_request_realtime_validates_before_touching_the_process() -> None:
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to drop privileges")
 def test_an_unprivileged_process_is_refused_and_stays_ordinary() -> None:
     # The child imports as root, then drops to 'nobody' (and with it CAP_SYS_NICE) before asking.
-    code = ("import os; from knapsack_lb.testbed.realtime import request_realtime, scheduler_name as n; "
+    code = ("import os; from knapsack_lb.lab.testbed.realtime import request_realtime, scheduler_name as n; "
             "os.setgroups([]); os.setgid(65534); os.setuid(65534); "
             "r = request_realtime(3); print(n()); print(r)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)

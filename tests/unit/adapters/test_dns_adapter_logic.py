@@ -19,8 +19,8 @@ from adapters.dns import (
     validate_ip,
 )
 from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.lab.procs import free_port
 from knapsack_lb.model import WeightPlan
-from knapsack_lb.procs import free_port
 
 ADDRESSES = {"b1": "127.0.0.10", "b2": "127.0.0.11", "b3": "127.0.0.12"}
 INJECTIONS = [

@@ -43,7 +43,7 @@ def test_dns_vip_example_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_pdns_conf_example_matches_what_the_testbed_writes(tmp_path: Path) -> None:
-    from knapsack_lb.testbed.lb_pdns import pdns_config
+    from knapsack_lb.lab.testbed.lb_pdns import pdns_config
 
     documented = dict(line.split("=", 1) for line in doc_example("pdns-conf").splitlines() if line)
     written = dict(

@@ -21,8 +21,8 @@ from adapters.envoy import (
     validate_assignment,
 )
 from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.lab.procs import free_port
 from knapsack_lb.model import WeightPlan
-from knapsack_lb.procs import free_port
 
 ENDPOINTS = {"b1": ("127.0.0.1", 8001), "b2": ("127.0.0.1", 8002), "b3": ("::1", 8003)}
 ADVERSARIAL = [

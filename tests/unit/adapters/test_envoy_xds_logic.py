@@ -18,8 +18,8 @@ from google.rpc import status_pb2
 
 from adapters.envoy import EnvoyAdapter, build_assignment, validate_assignment
 from adapters.envoy_xds import CLA_TYPE_URL, EdsServer
+from knapsack_lb.lab.procs import free_port
 from knapsack_lb.model import WeightPlan
-from knapsack_lb.procs import free_port
 
 ENDPOINTS = {"b1": ("127.0.0.1", 8001), "b2": ("127.0.0.1", 8002)}
 

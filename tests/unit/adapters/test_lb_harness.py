@@ -14,8 +14,7 @@ import pytest
 
 from adapters.base import ApplyResult
 from adapters.recording import RecordingAdapter
-from knapsack_lb.model import WeightPlan
-from knapsack_lb.testbed.lb_harness import (
+from knapsack_lb.lab.testbed.lb_harness import (
     TESTBEDS,
     AppliedPlan,
     LbTestbed,
@@ -29,6 +28,7 @@ from knapsack_lb.testbed.lb_harness import (
     measure_split,
     split_error,
 )
+from knapsack_lb.model import WeightPlan
 
 
 class DrawSender:

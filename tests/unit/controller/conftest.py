@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from knapsack_lb.controller import VipController
-from knapsack_lb.fluid import FluidModel
+from knapsack_lb.controller.core import VipController
+from knapsack_lb.lab.fluid import FluidModel
 
 from .loop import FAST, Loop, small_pool
 

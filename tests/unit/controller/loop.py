@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from knapsack_lb.controller import VipController
-from knapsack_lb.controller_settings import ControllerSettings
-from knapsack_lb.fluid import FluidDip, FluidModel
+from knapsack_lb.controller.core import VipController
+from knapsack_lb.controller.settings import ControllerSettings
+from knapsack_lb.lab.fluid import FluidDip, FluidModel
 from knapsack_lb.model import DipConfig, VipConfig, WeightPlan
 
 FAST = ControllerSettings(solver_units=20_000)

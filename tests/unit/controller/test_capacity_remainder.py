@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from knapsack_lb.controller import VipController
-from knapsack_lb.controller_settings import ControllerSettings
+from knapsack_lb.controller.core import VipController
+from knapsack_lb.controller.measurement import DipMeasurement
+from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.curves import QuadraticCurve
-from knapsack_lb.measurement import DipMeasurement
 
 
 def test_capacity_estimates_use_w_max_then_the_equal_share_and_halve_after_an_early_drop() -> None:

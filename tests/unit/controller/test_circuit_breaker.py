@@ -1,9 +1,9 @@
-"""The relative circuit breaker (shared/seeds/003)."""
+"""The relative circuit breaker (ELS blog)."""
 
 from __future__ import annotations
 
-from knapsack_lb.circuit_breaker import RelativeCircuitBreaker
-from knapsack_lb.controller_settings import CircuitBreakerSettings
+from knapsack_lb.controller.breaker import RelativeCircuitBreaker
+from knapsack_lb.controller.settings import CircuitBreakerSettings
 from knapsack_lb.model import Measurement
 
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from knapsack_lb.cli.controller_commands import SCENARIO_NAMES
-from knapsack_lb.controller_bench import SCENARIOS
+from knapsack_lb.lab.bench.controller import SCENARIOS
 
 
 def test_scenario_names_match_the_bench() -> None:

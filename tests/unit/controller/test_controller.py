@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from knapsack_lb.controller import SolveRequest, SolveResult, VipController
+from knapsack_lb.controller.core import SolveRequest, SolveResult, VipController
 from knapsack_lb.curves import QueueingCurve
 from knapsack_lb.errors import SolverError
-from knapsack_lb.fluid import FluidModel
+from knapsack_lb.lab.fluid import FluidModel
 from knapsack_lb.model import Measurement
 
 from .loop import FAST, Loop, small_pool, vip_config
@@ -118,7 +118,7 @@ def test_overrides_pins_drains_and_pause(loop: Loop) -> None:
 
 def test_a_dip_added_to_a_live_pool_is_measured_from_weight_zero(loop: Loop) -> None:
     loop.until_built()
-    from knapsack_lb.fluid import FluidDip
+    from knapsack_lb.lab.fluid import FluidDip
 
     new = FluidDip("e", 2, 100.0)
     model = FluidModel([*small_pool(), new], total_rate=loop.model.total_rate, seed=9)

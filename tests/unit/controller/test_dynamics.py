@@ -7,9 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from knapsack_lb.controller_settings import ControllerSettings
-from knapsack_lb.curves import PiecewiseLinearCurve, QuadraticCurve, QueueingCurve
-from knapsack_lb.dynamics import (
+from knapsack_lb.controller.dynamics import (
     ChangeDetector,
     RoundView,
     elasticity,
@@ -22,6 +20,8 @@ from knapsack_lb.dynamics import (
     weight_for_latency,
     weighted_median,
 )
+from knapsack_lb.controller.settings import ControllerSettings
+from knapsack_lb.curves import PiecewiseLinearCurve, QuadraticCurve, QueueingCurve
 
 
 @pytest.mark.parametrize("curve", [

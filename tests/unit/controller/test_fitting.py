@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from knapsack_lb.curves import PiecewiseLinearCurve, QuadraticCurve, QueueingCurve
+from knapsack_lb.curves.fitting import fit_curve, fit_piecewise, fit_quadratic, fit_queueing, leave_one_out_error
 from knapsack_lb.errors import InvalidInputError
-from knapsack_lb.fitting import fit_curve, fit_piecewise, fit_quadratic, fit_queueing, leave_one_out_error
 
 
 def test_quadratic_recovers_a_quadratic() -> None:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from knapsack_lb.fluid import FluidDip, FluidModel, erlang_c
+from knapsack_lb.lab.fluid import FluidDip, FluidModel, erlang_c
 
 
 def test_erlang_c_of_mm1_is_the_utilisation_and_of_mm2_is_known() -> None:

@@ -6,9 +6,15 @@ import math
 
 import pytest
 
-from knapsack_lb.controller_settings import ControllerSettings
-from knapsack_lb.fluid import FluidDip, FluidModel
-from knapsack_lb.measurement import PRIORITY_NORMAL, PRIORITY_OVERUTILISED, DipMeasurement, algorithm1, is_drop
+from knapsack_lb.controller.measurement import (
+    PRIORITY_NORMAL,
+    PRIORITY_OVERUTILISED,
+    DipMeasurement,
+    algorithm1,
+    is_drop,
+)
+from knapsack_lb.controller.settings import ControllerSettings
+from knapsack_lb.lab.fluid import FluidDip, FluidModel
 from knapsack_lb.model import Measurement
 
 

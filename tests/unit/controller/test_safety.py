@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from knapsack_lb.safety import apply_rails, capacity_proportional, project
+from knapsack_lb.controller.rails import apply_rails, capacity_proportional, project
 
 
 def test_projection_sums_to_one_within_bounds() -> None:

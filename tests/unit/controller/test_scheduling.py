@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
+from knapsack_lb.controller.measurement import PRIORITY_NORMAL, PRIORITY_OVERUTILISED, PRIORITY_REFRESH
+from knapsack_lb.controller.scheduling import MeasurementRequest, greedy_fill, schedule_round
 from knapsack_lb.errors import InfeasibleError
-from knapsack_lb.measurement import PRIORITY_NORMAL, PRIORITY_OVERUTILISED, PRIORITY_REFRESH
-from knapsack_lb.scheduling import MeasurementRequest, greedy_fill, schedule_round
 
 
 def test_greedy_fill_orders_by_priority_then_fifo_and_hops_over_what_does_not_fit() -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from knapsack_lb.demo.loadgen import LoadSpec, _parse_head
-from knapsack_lb.demo.report import build_report, improvement, phase_metrics, plot_report, write_report
-from knapsack_lb.demo.settings import DemoSettings
 from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.lab.demo.loadgen import LoadSpec, _parse_head
+from knapsack_lb.lab.demo.report import build_report, improvement, phase_metrics, plot_report, write_report
+from knapsack_lb.lab.demo.settings import DemoSettings
 
 
 def test_settings_rates_and_probe_share() -> None:
@@ -81,7 +81,7 @@ def test_live_view_on_a_terminal_and_plain() -> None:
 
     from rich.console import Console
 
-    from knapsack_lb.demo.live import LiveView
+    from knapsack_lb.lab.demo.live import LiveView
 
     tty = Console(file=io.StringIO(), force_terminal=True, width=100)
     with LiveView(tty, ["dip-1", "dip-2"]) as view:

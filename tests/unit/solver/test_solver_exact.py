@@ -49,7 +49,7 @@ def test_section_3_4_capacities_1_and_19_get_about_5_and_95_percent() -> None:
         solution = solve(dips, objective=objective)
         assert solution.weights["c1"] == pytest.approx(0.05, abs=0.005)
         assert solution.weights["c19"] == pytest.approx(0.95, abs=0.005)
-    # the paper's own objective counts each DIP once and starves the small one (DESIGN.md)
+    # the paper's own objective counts each DIP once and starves the small one (docs/design.md)
     assert solve(dips, objective="sum").weights["c1"] < 0.01
 
 

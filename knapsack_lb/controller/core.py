@@ -1,0 +1,870 @@
+"""The per-VIP controller: KnapsackLB sections 4.2-4.7 behind one pure ``step``.
+
+``VipController.step(now, observations)`` takes the latest probe round per DIP and returns
+a new ``WeightPlan`` or ``None`` (keep the current one). It reads no clock and no global
+state: time comes in as ``now``, randomness from the injected ``random.Random``, the solver
+is a constructor argument. The service loop (:mod:`knapsack_lb.service.controller`) and the
+simulator drive the very same object; ``to_dict`` / ``from_dict`` persist it in the store so
+a restarted controller resumes where the dead one stopped.
+
+One step:
+
+1. Sync the DIP set with the VIP config (new DIPs start measuring; a whole new pool starts
+   at the equal share, a DIP added to a live pool at weight 0).
+2. Keep only *trusted* rounds: newer than the last one used and taken at least ``drain_time``
+   after the plan they measure was applied (section 4.7). The drain time itself is measured
+   the paper's way every ``drain_measure_period``: a DIP that carried traffic is cut to 0 (its
+   weight-0 measurement) and followed until its latency settles; ``t2 - t1`` is the drain time.
+3. Failures (section 4.5): no successful probe for ``failure_rounds`` rounds removes the DIP;
+   a successful probe brings it back (slow start if its curve is kept).
+4. The relative circuit breaker (ELS blog) ejects DIPs much worse than the pool.
+5. Measuring DIPs advance Algorithm 1 (section 4.3) when their round was taken at the
+   scheduled weight; a finished DIP gets its curve fitted (section 4.2).
+6. Ready DIPs feed the change detector (section 4.5): a traffic change shifts every curve,
+   a capacity change rescales one; remeasure requests and periodic refresh (within the 5 %
+   budget) send curves back to measurement.
+7. The plan: while any DIP measures, a measurement round is scheduled (section 4.6) and held
+   until its rounds are in; otherwise the solver runs on the curves and the safety rails
+   shape the result. Solver failure keeps the last good plan; no live DIP keeps the last plan
+   (never an all-zero plan); sum of ``w_max`` below 1 spreads traffic by capacity (flagged).
+
+Every plan says why (``reasons``: events, curve models, method) and how (``method``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from knapsack_lb.controller.breaker import RelativeCircuitBreaker
+from knapsack_lb.controller.dynamics import (
+    ChangeDetector,
+    RoundView,
+    estimate_drain_time,
+    knee_weight,
+    refresh_candidates,
+    round_noise,
+    scale_curve,
+)
+from knapsack_lb.controller.measurement import DipMeasurement
+from knapsack_lb.controller.rails import apply_rails, capacity_proportional
+from knapsack_lb.controller.scheduling import MeasurementRequest, schedule_round
+from knapsack_lb.controller.settings import ControllerSettings
+from knapsack_lb.curves import LatencyCurve, QueueingCurve, curve_from_dict
+from knapsack_lb.curves.fitting import fit_curve
+from knapsack_lb.errors import InvalidInputError, KnapsackLBError
+from knapsack_lb.model import Measurement, VipConfig, WeightPlan
+from knapsack_lb.names import validate_name
+from knapsack_lb.store import CurveRecord
+
+STATE_VERSION = 1
+PLAN_CHANGE_EPSILON = 1e-4
+# Ours (overload_watch): during measurement rounds the pool is still judged for a traffic change when at
+# least this share of the DIPs is finished and observed; a refresh of one DIP no longer hides +10 % traffic
+# for the minute it takes (dynamics: 11-14 intervals to react on 5 of 20 seeds, 2-4 with it).
+POOL_WHILE_MEASURING = 0.8
+
+
+@dataclass(frozen=True)
+class SolveRequest:
+    """What the controller asks the solver: one entry per DIP that may take traffic."""
+
+    dips: tuple[tuple[str, LatencyCurve, float, float, float | None], ...]  # name, curve, w_max, min, pin
+    total: float
+    objective: str
+    method: str
+    levels: int
+    units: int
+    time_limit: float
+
+
+def _same_weights(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
+    """The same DIPs, no weight moved by ``PLAN_CHANGE_EPSILON`` or more."""
+    return set(a) == set(b) and max((abs(a[n] - b[n]) for n in b), default=0.0) < PLAN_CHANGE_EPSILON
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    weights: dict[str, float]
+    predicted_latency: dict[str, float]
+    objective: float
+    method: str
+    seconds: float
+
+
+SolverFn = Callable[[SolveRequest], SolveResult]
+
+
+def default_solver(request: SolveRequest) -> SolveResult:
+    """Calls :func:`knapsack_lb.solver.solve` (issue 2's API)."""
+    from knapsack_lb.solver import DipInput, solve
+
+    inputs = [DipInput(name, curve, w_max, min_weight=low, pin=pin) for name, curve, w_max, low, pin in request.dips]
+    solution = solve(
+        inputs, objective=request.objective, method=request.method, total=request.total, levels=request.levels,
+        units=request.units, time_limit=request.time_limit,
+    )
+    return SolveResult(dict(solution.weights), dict(solution.predicted_latency), solution.objective,
+                       solution.method, solution.seconds)
+
+
+@dataclass
+class DipState:
+    """Everything the controller knows about one DIP."""
+
+    name: str
+    measuring: DipMeasurement | None = None
+    curve: dict[str, Any] | None = None
+    model: str = ""
+    fit_error: float | None = None
+    w_max: float = 0.0
+    fitted_at: float = 0.0
+    points: list[tuple[float, float]] = field(default_factory=list)
+    drop_points: list[tuple[float, float]] = field(default_factory=list)
+    l0: float | None = None
+    failed: bool = False
+    fail_rounds: int = 0
+    returned_at: float | None = None
+    last_round: float = -math.inf
+    iterations: int = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.curve is not None and self.w_max > 0
+
+    def curve_obj(self) -> LatencyCurve:
+        assert self.curve is not None
+        return curve_from_dict(self.curve, dip=self.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "measuring": None if self.measuring is None else self.measuring.to_dict(),
+            "curve": self.curve, "model": self.model, "fit_error": self.fit_error, "w_max": self.w_max,
+            "fitted_at": self.fitted_at, "points": [list(p) for p in self.points],
+            "drop_points": [list(p) for p in self.drop_points], "l0": self.l0, "failed": self.failed,
+            "fail_rounds": self.fail_rounds, "returned_at": self.returned_at,
+            "last_round": None if self.last_round == -math.inf else self.last_round, "iterations": self.iterations,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DipState:
+        measuring = data.get("measuring")
+        return cls(
+            name=str(data["name"]),
+            measuring=None if measuring is None else DipMeasurement.from_dict(measuring),
+            curve=None if data.get("curve") is None else dict(data["curve"]), model=str(data.get("model", "")),
+            fit_error=None if data.get("fit_error") is None else float(data["fit_error"]),
+            w_max=float(data.get("w_max", 0.0)), fitted_at=float(data.get("fitted_at", 0.0)),
+            points=[(float(p[0]), float(p[1])) for p in data.get("points", [])],
+            drop_points=[(float(p[0]), float(p[1])) for p in data.get("drop_points", [])],
+            l0=None if data.get("l0") is None else float(data["l0"]), failed=bool(data.get("failed", False)),
+            fail_rounds=int(data.get("fail_rounds", 0)),
+            returned_at=None if data.get("returned_at") is None else float(data["returned_at"]),
+            last_round=-math.inf if data.get("last_round") is None else float(data["last_round"]),
+            iterations=int(data.get("iterations", 0)),
+        )
+
+
+class VipController:
+    """One VIP's controller; see the module docstring. Not thread-safe: one step at a time."""
+
+    def __init__(
+        self,
+        vip: str,
+        dips: Sequence[str] = (),
+        settings: ControllerSettings | None = None,
+        *,
+        rng: random.Random | None = None,
+        solver: SolverFn | None = None,
+    ) -> None:
+        self.vip = validate_name("vip", vip)
+        self.settings = settings or ControllerSettings()
+        self.rng = rng or random.Random(0)
+        self.solver: SolverFn = solver or default_solver
+        self.dips: dict[str, DipState] = {}
+        self.plan: WeightPlan | None = None
+        self.applied_at: float = -math.inf
+        self.scheduled: dict[str, float] = {}
+        self.version = 0
+        self.drain_time = self.settings.drain_time
+        self.drain_measured_at: float | None = None
+        self._drain: dict[str, Any] | None = None
+        self.rounds = 0
+        self.measurement_rounds = 0
+        self.detector = ChangeDetector(self.settings)
+        self.breaker = RelativeCircuitBreaker(self.settings.circuit_breaker)
+        self.events_log: list[tuple[float, str]] = []
+        self._pending_reasons: list[str] = []
+        self._curves_changed = True
+        self._curves_version = 0
+        self._solve_cache: tuple[Any, SolveResult] | None = None
+        self._cold_start = False
+        self._sync(list(dips), now=0.0)
+
+    # --- public ----------------------------------------------------------------------------
+    @property
+    def measuring(self) -> list[str]:
+        return [d.name for d in self.dips.values() if d.measuring is not None and not d.failed]
+
+    @property
+    def curves_changed(self) -> bool:
+        """True when a curve changed since the last plan (the service solves such VIPs first)."""
+        return self._curves_changed
+
+    def step(
+        self,
+        now: float,
+        observations: Mapping[str, Measurement],
+        *,
+        config: VipConfig | None = None,
+        remeasure: Iterable[str] = (),
+    ) -> WeightPlan | None:
+        """Advance by one control interval; a new plan, or None to keep the current one."""
+        self.rounds += 1
+        reasons = self._pending_reasons
+        self._pending_reasons = []
+        if config is not None:
+            if config.name != self.vip:
+                raise InvalidInputError("config.name", config.name, f"this controller runs VIP {self.vip!r}")
+            reasons += self._sync([d.name for d in config.dips], now)
+        reasons += self._drain_probe(now, observations)
+        trusted = self._trusted(now, observations)
+        reasons += self._failures(now, trusted)
+        reasons += self._breaker(now, trusted)
+        measured = {n for n in trusted if n in self.dips and self.dips[n].measuring is not None}
+        reasons += self._advance_measurements(now, trusted)
+        # a round that served a measurement (even its last one) is not also a verdict on the new curve
+        reasons += self._dynamics(now, {n: m for n, m in trusted.items() if n not in measured})
+        reasons += self._refresh(now, set(remeasure))
+        plan = self._plan(now, config, reasons)
+        for reason in reasons:
+            self.events_log.append((now, reason))
+        self.events_log = self.events_log[-200:]
+        return plan
+
+    def curve_records(self) -> list[CurveRecord]:
+        return [
+            CurveRecord(
+                vip=self.vip, dip=d.name, curve=dict(d.curve), w_max=d.w_max, points=list(d.points), model=d.model,
+                fit_error=d.fit_error, fitted_at=d.fitted_at,
+                extra={"l0": d.l0, "drop_points": [list(p) for p in d.drop_points]},
+            )
+            for d in self.dips.values()
+            if d.curve is not None
+        ]
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "vip": self.vip, "rounds": self.rounds, "measurement_rounds": self.measurement_rounds,
+            "measuring": self.measuring, "failed": sorted(d.name for d in self.dips.values() if d.failed),
+            "ejected": sorted(self.breaker.ejections), "drain_time": self.drain_time,
+            "drain_measured_at": self.drain_measured_at,
+            "plan_version": self.version,
+        }
+
+    # --- state -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "state_version": STATE_VERSION, "vip": self.vip, "dips": {n: d.to_dict() for n, d in self.dips.items()},
+            "plan": None if self.plan is None else self.plan.to_dict(),
+            "applied_at": None if self.applied_at == -math.inf else self.applied_at,
+            "scheduled": dict(self.scheduled), "version": self.version, "drain_time": self.drain_time,
+            "drain_measured_at": self.drain_measured_at, "drain_probe": self._drain,
+            "rounds": self.rounds, "measurement_rounds": self.measurement_rounds,
+            "detector": self.detector.to_dict(), "breaker": self.breaker.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(
+        cls,
+        data: Mapping[str, Any],
+        settings: ControllerSettings | None = None,
+        *,
+        rng: random.Random | None = None,
+        solver: SolverFn | None = None,
+    ) -> VipController:
+        if data.get("state_version") != STATE_VERSION:
+            raise InvalidInputError("state_version", data.get("state_version"), f"expected {STATE_VERSION}")
+        ctl = cls(str(data["vip"]), (), settings, rng=rng, solver=solver)
+        ctl.dips = {str(n): DipState.from_dict(d) for n, d in data["dips"].items()}
+        ctl.plan = None if data.get("plan") is None else WeightPlan.from_dict(data["plan"])
+        ctl.applied_at = -math.inf if data.get("applied_at") is None else float(data["applied_at"])
+        ctl.scheduled = {str(k): float(v) for k, v in data.get("scheduled", {}).items()}
+        ctl.version = int(data.get("version", 0))
+        ctl.drain_time = float(data.get("drain_time", ctl.settings.drain_time))
+        measured = data.get("drain_measured_at")
+        ctl.drain_measured_at = None if measured is None else float(measured)
+        ctl._drain = None if data.get("drain_probe") is None else dict(data["drain_probe"])
+        ctl.rounds = int(data.get("rounds", 0))
+        ctl.measurement_rounds = int(data.get("measurement_rounds", 0))
+        ctl.detector = ChangeDetector.from_dict(ctl.settings, data.get("detector", {}))
+        ctl.breaker = RelativeCircuitBreaker.from_dict(ctl.settings.circuit_breaker, data.get("breaker", {}))
+        return ctl
+
+    # --- 1. DIP set -------------------------------------------------------------------------
+    def _sync(self, names: list[str], now: float) -> list[str]:
+        reasons = []
+        for name in names:
+            validate_name("dip", name)
+        cold = not self.dips
+        for name in names:
+            if name not in self.dips:
+                m = DipMeasurement(name, enqueued_at=now)
+                self.dips[name] = DipState(name, measuring=m)
+                if not cold:
+                    reasons.append(f"new DIP {name}: measuring (Algorithm 1)")
+        for name in [n for n in self.dips if n not in names] if names or not cold else []:
+            del self.dips[name]
+            self.detector.forget(name)
+            self.scheduled.pop(name, None)
+            reasons.append(f"DIP {name} removed from the VIP")
+        if cold and names:
+            self._cold_start = True
+        return reasons
+
+    # --- 2. drain time (section 4.7) -------------------------------------------------------------
+    def _drain_due(self, now: float) -> bool:
+        period = self.settings.drain_measure_period
+        return period > 0 and self._drain is None and (
+            self.drain_measured_at is None or now - self.drain_measured_at >= period)
+
+    def _drain_probe(self, now: float, observations: Mapping[str, Measurement]) -> list[str]:
+        """Follow the DIP whose weight was cut to 0 until its latency settles: ``t2 - t1`` is the
+        drain time; the settled latency is that DIP's ``l_0``."""
+        probe = self._drain
+        if probe is None:
+            return []
+        name = probe["dip"]
+        dip = self.dips.get(name)
+        m = observations.get(name)
+        if dip is None or dip.failed or dip.measuring is None:
+            self._drain = None
+            return []
+        if m is not None and m.time > probe["switch"] and m.successes > 0 and m.latency_mean is not None \
+                and (not probe["series"] or m.time > probe["series"][-1][0]):
+            probe["series"].append([m.time, m.latency_mean])
+        series = [(float(t), float(v)) for t, v in probe["series"]]
+        estimate = estimate_drain_time(float(probe["switch"]), series)
+        if estimate is None and len(series) < 8:
+            return []
+        self._drain = None
+        self.drain_measured_at = now
+        if m is not None and series:
+            settled = (series[-1][1] + series[-2][1]) / 2 if len(series) >= 2 else series[-1][1]
+            zero = replace(m, weight=0.0, latency_mean=settled)
+            dip.measuring.record(0.0, zero, self.settings, self._equal_share(), now, scheduled=True)
+        if estimate is None:
+            return [f"drain time: {name}'s latency did not settle in {len(series)} rounds; keeping "
+                    f"{self.drain_time:.1f}s"]
+        self.drain_time = estimate
+        return [f"drain time measured on {name}: {estimate:.1f}s from weight cut to settled latency (section 4.7)"]
+
+    # --- 3. trusted rounds ----------------------------------------------------------------------
+    def _trusted(self, now: float, observations: Mapping[str, Measurement]) -> dict[str, Measurement]:
+        trusted = {}
+        for name, m in observations.items():
+            dip = self.dips.get(name)
+            if dip is None or m.time <= dip.last_round or m.time > now + 1e-9:
+                continue
+            if m.time < self.applied_at + self.drain_time - 1e-9:
+                continue
+            if now - m.time > self.settings.measurement_max_age:
+                continue
+            dip.last_round = m.time
+            trusted[name] = m
+        return trusted
+
+    def _weight_of(self, name: str, m: Measurement) -> float:
+        if self.plan is not None and name in self.plan.weights:
+            return float(self.plan.weights[name])
+        return m.weight
+
+    # --- 4. failures ----------------------------------------------------------------------------
+    def _failures(self, now: float, trusted: Mapping[str, Measurement]) -> list[str]:
+        reasons = []
+        for name, m in trusted.items():
+            dip = self.dips[name]
+            measured_at = self.scheduled.get(name, 0.0)
+            if m.successes == 0 and m.timeouts and not m.errors and dip.measuring is not None and measured_at > 0:
+                # ours: only timeouts at the weight Algorithm 1 just gave it - overloaded by the measurement, not
+                # dead (ELS blog: slow failures are not fast ones); the measurement takes it as a drop
+                reasons.append(f"{name}: every probe timed out at its measurement weight {measured_at:.3f}: a drop "
+                               "(overload), not a failure")
+                continue
+            if m.successes == 0:
+                dip.fail_rounds += 1
+                if not dip.failed and dip.fail_rounds >= self.settings.failure_rounds:
+                    dip.failed = True
+                    self.scheduled.pop(name, None)
+                    self.detector.reset(name)
+                    what = "fast errors" if m.errors and not m.timeouts else "errors/timeouts"
+                    reasons.append(f"failure: {name} answered no probe ({what}); removed and re-solved")
+            else:
+                dip.fail_rounds = 0
+                if dip.failed:
+                    dip.failed = False
+                    dip.returned_at = now
+                    self.detector.reset(name)
+                    reasons.append(f"recovered: {name} answers probes again; "
+                                   + ("slow start on its kept curve" if dip.ready else "measuring"))
+        return reasons
+
+    # --- 5. circuit breaker ---------------------------------------------------------------------
+    def _breaker(self, now: float, trusted: Mapping[str, Measurement]) -> list[str]:
+        if self.plan is None or "measuring" in self.plan.flags or self.measuring:
+            return []  # measurement rounds overload DIPs on purpose; judge the steady state only
+        live = [d for d in self.dips.values() if not d.failed and d.ready and d.measuring is None]
+        rounds = {d.name: trusted[d.name] for d in live if d.name in trusted and trusted[d.name].successes > 0}
+        expected = {}
+        for name, m in rounds.items():
+            dip = self.dips[name]
+            expected[name] = dip.curve_obj().latency(self._weight_of(name, m))
+        decision = self.breaker.evaluate(now, rounds, expected, pool=len(live),
+                                         capacity={d.name: d.w_max for d in live})
+        for name in decision.returned:
+            if name in self.dips:
+                self.dips[name].returned_at = now
+                self.detector.reset(name)
+        reasons = list(decision.notes)
+        reasons += [f"circuit breaker returned {n} (slow start)" for n in decision.returned]
+        return reasons
+
+    # --- 6. measurement phase -------------------------------------------------------------------
+    def _equal_share(self) -> float:
+        live = [d for d in self.dips.values() if not d.failed]
+        return 1.0 / max(1, len(live))
+
+    def _advance_measurements(self, now: float, trusted: Mapping[str, Measurement]) -> list[str]:
+        reasons = []
+        equal = self._equal_share()
+        tol = self.settings.trust_tolerance
+        for name, m in trusted.items():
+            dip = self.dips[name]
+            if dip.measuring is None or dip.failed or (m.successes == 0 and m.weight <= 0):
+                continue
+            if self._drain is not None and self._drain["dip"] == name:
+                self.scheduled.pop(name, None)  # held at 0 by the drain probe; its l_0 comes from there
+                continue
+            weight = self._weight_of(name, m)
+            planned = self.scheduled.get(name)
+            scheduled = planned is not None and abs(weight - planned) <= max(1e-9, tol * planned)
+            expected = dip.curve_obj().latency(weight) if dip.measuring.refresh and dip.curve is not None else None
+            dip.measuring.record(weight, m, self.settings, equal, now, scheduled=scheduled, expected=expected)
+            if scheduled:
+                self.scheduled.pop(name, None)
+            if dip.measuring.done:
+                reasons += self._finish_measurement(dip, now)
+        return reasons
+
+    def _finish_measurement(self, dip: DipState, now: float) -> list[str]:
+        m = dip.measuring
+        assert m is not None
+        dip.l0 = m.l0
+        clean = [(w, latency) for w, latency, dropped in m.points if not dropped]
+        if m.l0 is not None and not any(w <= 0 for w, _ in clean):
+            clean.insert(0, (0.0, m.l0))  # a refresh starts at the current weight; l_0 is still known
+        drops = [(w, latency) for w, latency, dropped in m.points if dropped]
+        w_max = m.w_max
+        if m.refresh and not drops and self.settings.refresh_needs_room and dip.ready:
+            # It stopped before it found a limit: beyond its last weight the old curve still stands.
+            top = max((w for w, _ in clean), default=0.0)
+            clean += [(w, latency) for w, latency in dip.points if w > top * 1.05]
+            drops = [(w, latency) for w, latency in dip.drop_points if w > top * 1.05]
+            w_max = max(w_max, dip.w_max)
+        dip.points = clean[-self.settings.max_fit_points:]
+        dip.drop_points = drops[-self.settings.max_fit_points:]
+        dip.measuring = None
+        dip.iterations = m.iterations
+        self.detector.reset(dip.name)
+        if w_max <= 0 or len({round(w, 12) for w, _ in clean}) < 2:
+            dip.curve, dip.w_max = None, 0.0
+            return [f"curve: {dip.name} dropped at every weight tried; only the minimum weight"]
+        reason = self._fit(dip, now, w_max=w_max)
+        return [f"curve: {dip.name} measured in {m.iterations} iterations, w_max={w_max:.4f}; {reason}"]
+
+    def _fit(self, dip: DipState, now: float, *, w_max: float) -> str:
+        drop_latency = self.settings.drop_latency_factor * dip.l0 if dip.l0 else None
+        result = fit_curve(dip.points, model=self.settings.curve_model, w_max=w_max, drop_points=dip.drop_points,
+                           drop_latency=drop_latency)
+        dip.curve = result.curve.to_dict()
+        dip.model = result.model
+        dip.fit_error = result.error
+        dip.w_max = w_max
+        dip.fitted_at = now
+        self._curves_changed = True
+        self._curves_version += 1
+        err = "n/a" if result.error is None else f"{result.error:.3f}"
+        return f"{result.model} curve (leave-one-out error {err})"
+
+    # --- 7. dynamics ----------------------------------------------------------------------------
+    def _dynamics(self, now: float, trusted: Mapping[str, Measurement]) -> list[str]:
+        if self.plan is None:
+            return []
+        # Section 4.5 acts on the steady state: measurement rounds move weights on purpose. Ours: a
+        # DIP in slow start is still watched then - its kept curve is the one most likely wrong
+        # (it may come back on a slower host) and its weight is the one being raised.
+        steady = "measuring" not in self.plan.flags and not self.measuring
+        rounds: dict[str, RoundView] = {}
+        curves: dict[str, tuple[LatencyCurve, float]] = {}
+        overload_only: set[str] = set()
+        for name, m in trusted.items():
+            dip = self.dips[name]
+            if not dip.ready or dip.measuring is not None or dip.failed or self.breaker.is_ejected(name):
+                continue
+            if not steady and dip.returned_at is None:
+                if not self.settings.overload_watch:
+                    continue
+                overload_only.add(name)  # ours: an overloaded DIP is not left so while others measure
+            if m.successes == 0 or m.latency_mean is None:
+                continue
+            weight = self._weight_of(name, m)
+            drop = self.settings.drop_latency_factor * dip.l0 if dip.l0 and self.settings.overload_watch else math.inf
+            rounds[name] = RoundView(weight, m.latency_mean, m.timeouts / m.sent if m.sent else 1.0,
+                                     round_noise(m.latency_mean, m.latency_p50, m.latency_p90, m.successes), drop)
+            curves[name] = (dip.curve_obj(), dip.w_max)
+        if not rounds:
+            return []
+        # ours: while a few DIPs measure, the rest still show a traffic change (the paper waits for the steady state)
+        pool = steady or (self.settings.overload_watch and len(overload_only) >= POOL_WHILE_MEASURING * len(self.dips))
+        verdict = self.detector.observe(rounds, curves, pool=pool, overload_only=frozenset(overload_only))
+        if verdict.traffic_factor is not None:
+            for dip in self.dips.values():
+                if dip.ready:
+                    self._rescale(dip, verdict.traffic_factor)
+        for name, k in verdict.capacity.items():
+            dip = self.dips[name]
+            if name in verdict.remeasure:
+                if k < 1:
+                    self._rescale(dip, k)  # the cut guards now; Algorithm 1 refines from the cut curve
+                self._start_refresh(dip, now)
+                continue
+            self._rescale(dip, k)
+            if name in verdict.observed and self.settings.learn_operating_points:
+                self._learn_point(dip, *verdict.observed[name], now=now)
+        return list(verdict.notes)
+
+    def _learn_point(self, dip: DipState, weight: float, latency: float, *, now: float) -> None:
+        """Ours: keep the averaged observation at the operating point and refit, so a curve whose
+        *shape* is wrong there (not its scale) is corrected too; nearby old points are replaced."""
+        dip.points = [(w, lat) for w, lat in dip.points if w <= 0 or abs(w - weight) > 0.05 * weight]
+        dip.points = [*dip.points, (weight, latency)][-self.settings.max_fit_points:]
+        if len({round(w, 12) for w, _ in dip.points}) >= 2:
+            self._fit(dip, now, w_max=max(dip.w_max, weight))
+
+    def _rescale(self, dip: DipState, k: float) -> None:
+        """Section 4.5: multiply the curve's weights (and w_max, and its points) by ``k``."""
+        dip.curve = scale_curve(dip.curve_obj(), k).to_dict()
+        dip.w_max *= k
+        dip.points = [(w * k, latency) for w, latency in dip.points]
+        dip.drop_points = [(w * k, latency) for w, latency in dip.drop_points]
+        self._curves_changed = True
+        self._curves_version += 1
+
+    def _refresh(self, now: float, remeasure: set[str]) -> list[str]:
+        reasons = []
+        for name in sorted(remeasure):
+            dip = self.dips.get(name)
+            if dip is not None and dip.measuring is None and not dip.failed:
+                self._start_refresh(dip, now)
+                reasons.append(f"remeasure requested: {name} back to measurement")
+        ready = {d.name: d for d in self.dips.values() if d.ready and d.measuring is None and not d.failed}
+        under = [d.name for d in self.dips.values() if d.measuring is not None and d.measuring.refresh]
+        due = refresh_candidates(
+            {n: d.fitted_at for n, d in ready.items()}, {n: d.w_max for n, d in self.dips.items() if d.ready},
+            under, now=now, period=self.settings.refresh_period, budget=self.settings.refresh_budget,
+        )
+        for name in due:
+            self._start_refresh(self.dips[name], now)
+            reasons.append(f"refresh: {name}'s curve is older than {self.settings.refresh_period:.0f}s")
+        return reasons
+
+    def _start_refresh(self, dip: DipState, now: float) -> None:
+        """Re-measure with Algorithm 1 from the current weight (at most ``w_max``), l_0 known; the old
+        ``w_max`` - or the knee of the current curve when lower (``refresh_needs_room``) - is the
+        threshold beyond which the run is cautious."""
+        current = self.plan.weights.get(dip.name, 0.0) if self.plan else 0.0
+        if dip.w_max > 0:
+            current = min(current, dip.w_max)  # after a capacity cut: not at the weight that overloaded it
+        m = DipMeasurement(dip.name, enqueued_at=now, refresh=True, l0=dip.l0, pending_zero=dip.l0 is None,
+                           pending_equal=False, w_cur=current)
+        m.target = max(current, self.settings.safety.min_weight, 1e-4) if dip.l0 is not None else None
+        m.threshold = dip.w_max if dip.w_max > 0 else None  # ssthresh: cautious steps beyond the old w_max
+        if m.threshold is not None and self.settings.refresh_needs_room and dip.curve is not None:
+            knee = knee_weight(dip.curve_obj(), self.settings.refresh_knee_elasticity, dip.w_max)
+            if knee is not None:
+                m.threshold = min(m.threshold, knee)  # beyond the curve's knee only with evidence of room
+        dip.measuring = m
+
+    # --- 8. the plan ----------------------------------------------------------------------------
+    def _plan(self, now: float, config: VipConfig | None, reasons: list[str]) -> WeightPlan | None:
+        if config is not None and config.paused:
+            self._pending_reasons = reasons
+            return None
+        names = list(self.dips)
+        drained = set(config.drained) if config is not None else set()
+        pins = dict(config.pins) if config is not None else {}
+        live = [n for n in names if not self.dips[n].failed and not self.breaker.is_ejected(n) and n not in drained]
+        if not live:
+            return self._no_live_dip(now, reasons)
+        measuring = [n for n in live if self.dips[n].measuring is not None]
+        if measuring:
+            return self._measurement_round(now, live, measuring, pins, reasons)
+        return self._solve_plan(now, config, live, pins, drained, reasons)
+
+    def _emit(self, weights: Mapping[str, float], now: float, method: str, reasons: Sequence[str],
+              predicted: Mapping[str, float] | None = None, objective: float = math.nan,
+              objective_kind: str = "mean", solve_seconds: float = 0.0, flags: Sequence[str] = (),
+              force: bool = False) -> WeightPlan | None:
+        full = {n: max(0.0, float(weights.get(n, 0.0))) for n in self.dips}
+        total = sum(full.values())
+        if total <= 0:  # never an all-zero plan
+            full = {n: 1 / len(full) for n in full}
+            total = 1.0
+        full = {n: w / total for n, w in full.items()}
+        restated = self.plan is not None and _same_weights(self.plan.weights, full)
+        if not force and not reasons and restated:
+            return None
+        self.version += 1
+        plan = WeightPlan(
+            vip=self.vip, weights=full, predicted_latency=dict(predicted or {}), objective=objective,
+            objective_kind=objective_kind, method=method, solve_seconds=solve_seconds, version=self.version,
+            computed_at=now, reasons=tuple(reasons), flags=tuple(flags),
+        )
+        self.plan = plan
+        if not restated:  # restating the weights drains nothing (a repeated over-capacity plan blinded it)
+            self.applied_at = now
+        self._curves_changed = False
+        return plan
+
+    def _no_live_dip(self, now: float, reasons: list[str]) -> WeightPlan | None:
+        note = "no live DIP (all failed, ejected or drained): keeping the last plan, never an all-zero plan"
+        if self.plan is not None:
+            if reasons:
+                self._pending_reasons = []
+                return self._emit(self.plan.weights, now, "kept", [*reasons, note], flags=("no-live-dip",),
+                                  force=True)
+            return None
+        return self._emit({n: 1.0 for n in self.dips}, now, "equal-split", [*reasons, note], flags=("no-live-dip",))
+
+    def _awaiting(self, now: float) -> bool:
+        if not self.scheduled:
+            return False
+        waiting = [n for n in self.scheduled if n in self.dips and not self.dips[n].failed]
+        timeout = self.drain_time + 3 * self.settings.interval
+        return bool(waiting) and now - self.applied_at < timeout
+
+    def _measurement_round(
+        self, now: float, live: list[str], measuring: list[str], pins: Mapping[str, float], reasons: list[str]
+    ) -> WeightPlan | None:
+        if self._awaiting(now):
+            self._pending_reasons = reasons
+            return None
+        self.scheduled = {}
+        equal = self._equal_share()
+        zero_first = not self._cold_start or self.plan is not None
+        requests = []
+        for name in measuring:
+            m = self.dips[name].measuring
+            assert m is not None
+            wanted = m.wanted(equal, zero_first=zero_first)
+            if wanted is not None:
+                requests.append(MeasurementRequest(name, wanted, m.priority, m.enqueued_at))
+        if self._drain_due(now) and self.plan is not None:
+            for i, req in enumerate(requests):
+                if req.weight == 0 and self.plan.weights.get(req.dip, 0.0) > 0:
+                    self._drain = {"dip": req.dip, "switch": now, "series": []}
+                    requests[i] = MeasurementRequest(req.dip, 0.0, -1, req.enqueued_at)
+                    break
+        if self._drain is not None:
+            requests = [MeasurementRequest(r.dip, 0.0, -1, r.enqueued_at) if r.dip == self._drain["dip"] else r
+                        for r in requests]
+        finished = [n for n in live if self.dips[n].ready and self.dips[n].measuring is None]
+        others = [n for n in live if n not in finished and n not in measuring]
+        max_zero = max(1, math.floor(self.settings.zero_batch_share * len(live)))
+        solve_remainder = None
+        if finished:
+            def solve_remainder(dips: Sequence[str], total: float) -> Mapping[str, float]:
+                objective = self.settings.solver_objective
+                first = self._solve(list(dips), total, {}, objective).weights
+                return self._hold_ramps(list(dips), total, {}, objective, first, self._ramp_caps(now, first, dips))
+        capacity = {n: self._capacity_estimate(n, equal) for n in live}
+        by_capacity = self.settings.measurement_remainder == "capacity"
+        schedule = schedule_round(requests, finished, others, solve_remainder, max_zero=max_zero,
+                                  capacity=capacity if by_capacity else None, fallback_capacity=capacity)
+        self.scheduled = dict(schedule.scheduled)
+        self.measurement_rounds += 1
+        note = (f"measurement round {self.measurement_rounds}: {len(schedule.scheduled)} DIPs at Algorithm 1 weights, "
+                f"{len(schedule.deferred)} deferred; remainder {schedule.remainder:.3f} by {schedule.remainder_method}")
+        weights = {n: schedule.weights.get(n, 0.0) for n in self.dips}
+        if schedule.remainder_method != "solver":  # the solver already held the ramps (_hold_ramps)
+            self._slow_start_measurement(now, weights, schedule.scheduled, live)
+        return self._emit(weights, now, f"measurement/{schedule.remainder_method}",
+                          [*reasons, note] + ([schedule.note] if schedule.note else []), flags=("measuring",),
+                          force=True)
+
+    def _ramp_caps(self, now: float, solved: Mapping[str, float], live: Sequence[str]) -> dict[str, float]:
+        """Slow start: a returning DIP's cap rises linearly from ``min_weight`` to its solved weight."""
+        s = self.settings.safety
+        ramp: dict[str, float] = {}
+        if s.slow_start > 0:
+            for name in live:
+                back = self.dips[name].returned_at
+                if back is not None and now - back < s.slow_start:
+                    ramp[name] = s.min_weight + solved.get(name, 0.0) * (now - back) / s.slow_start
+                elif back is not None:
+                    self.dips[name].returned_at = None
+        return ramp
+
+    def _hold_ramps(self, names: list[str], total: float, pins: Mapping[str, float], objective: str,
+                    solved: Mapping[str, float], ramp: Mapping[str, float]) -> dict[str, float]:
+        """Slow start through the solver: a returning DIP whose ``solved`` share exceeds its ``ramp``
+        cap (:meth:`_ramp_caps` of that solution) is pinned at the cap and the solver places the rest,
+        so every other DIP stays within its curve's cap (``w_max``). Handing the excess out in
+        proportion to the weights instead (as
+        :meth:`_slow_start_measurement` must when no solver is at hand, and as the rails'
+        projection did) once put an 8-vCPU DIP at 112 % of its ``w_max`` when two large DIPs
+        came back at once (``dynamics`` seed 2). Raises what the solver raises."""
+        over = {n: cap for n, cap in ramp.items() if solved.get(n, 0.0) > cap and n not in pins}
+        if not over:
+            return dict(solved)
+        return dict(self._solve(names, total, {**pins, **over}, objective).weights)
+
+    def _slow_start_measurement(self, now: float, weights: dict[str, float], scheduled: Mapping[str, float],
+                                live: Sequence[str]) -> None:
+        """Slow start holds in measurement rounds too: a returning DIP's share of a remainder that was
+        not solved (spread by capacity or split equally) is capped by its ramp and the excess goes to
+        the other unscheduled DIPs by their weights."""
+        ramp = {n: cap for n, cap in self._ramp_caps(now, weights, live).items() if n not in scheduled}
+        excess = sum(max(0.0, weights[n] - cap) for n, cap in ramp.items())
+        takers = {n: w for n, w in weights.items() if n not in scheduled and n not in ramp and w > 0}
+        if excess <= 0 or not takers:
+            return
+        for name, cap in ramp.items():
+            weights[name] = min(weights[name], cap)
+        mass = sum(takers.values())
+        for name, w in takers.items():
+            weights[name] = w + excess * w / mass
+
+    def _capacity_estimate(self, name: str, equal: float) -> float:
+        """A DIP's estimated capacity as a weight: ``w_max`` of its curve, else the largest weight it
+        served without a drop while measuring, never below the equal share until it dropped there."""
+        dip = self.dips[name]
+        if dip.ready and dip.measuring is None:
+            return dip.w_max
+        m = dip.measuring
+        if m is None:
+            return equal
+        if m.w_drop is not None and m.w_drop <= equal:
+            return max(m.w_max, 0.5 * m.w_drop)
+        return max(m.w_max, equal)
+
+    def _solve(self, names: list[str], total: float, pins: Mapping[str, float], objective: str) -> SolveResult:
+        """The solver on ``names``' curves (caps ``w_max``), their weights summing to ``total``."""
+        s = self.settings
+        entries = []
+        for name in names:
+            dip = self.dips[name]
+            curve = dip.curve_obj()
+            cap = dip.w_max * (1 - s.safety.overload_headroom)
+            if isinstance(curve, QueueingCurve):  # the curve is infinite from c on: stay below it
+                cap = min(cap, curve.c * (1 - 1e-3))
+            entries.append((name, curve, cap, 0.0, pins.get(name)))
+        request = SolveRequest(tuple(entries), total, objective, s.solver_method, s.solver_levels, s.solver_units,
+                               s.solver_time_limit)
+        return self.solver(request)
+
+    def _solve_plan(
+        self, now: float, config: VipConfig | None, live: list[str], pins: Mapping[str, float], drained: set[str],
+        reasons: list[str],
+    ) -> WeightPlan | None:
+        s = self.settings
+        ready = [n for n in live if self.dips[n].ready]
+        starved = [n for n in live if not self.dips[n].ready]  # dropped at every weight tried
+        objective = config.objective if config is not None else s.solver_objective
+        flags: list[str] = []
+        fixed: dict[str, float] = {n: 0.0 for n in self.dips if n not in live}
+        fixed.update({n: w for n, w in pins.items() if n in self.dips})
+        cap_sum = sum(
+            pins[n] if n in pins else self.dips[n].w_max * (1 - s.safety.overload_headroom) for n in ready
+        )
+        free_total = 1.0 - sum(w for n, w in pins.items() if n in self.dips and n not in ready)
+        method = ""
+        predicted: dict[str, float] = {}
+        objective_value = math.nan
+        seconds = 0.0
+        if not ready:
+            solved = {n: 1.0 / len(live) for n in live}
+            method = "equal-split"
+            reasons = [*reasons, "no curve is usable yet: equal split over live DIPs"]
+        elif cap_sum < free_total - 1e-9:
+            solved = capacity_proportional({n: self.dips[n].w_max for n in ready})
+            method = "capacity-proportional"
+            flags.append("over-capacity")
+            reasons = [*reasons, f"over capacity: the DIPs' w_max sum to {cap_sum:.3f} < {free_total:.3f}; traffic "
+                       "spread in proportion to estimated capacity"]
+        else:
+            try:
+                key = (tuple(ready), tuple(sorted(pins.items())), objective, free_total, self._curves_version)
+                if self._solve_cache is not None and self._solve_cache[0] == key:
+                    result = self._solve_cache[1]
+                else:
+                    result = self._solve(ready, free_total, pins, objective)
+                    self._solve_cache = (key, result)
+                solved, predicted, objective_value = result.weights, result.predicted_latency, result.objective
+                method, seconds = result.method, result.seconds
+            except (KnapsackLBError, ValueError, ArithmeticError) as exc:
+                if self.plan is None or not s.safety.keep_last_plan_on_error:
+                    solved = capacity_proportional({n: self.dips[n].w_max for n in ready})
+                    method = "capacity-proportional"
+                else:
+                    kept = {n: w for n, w in self.plan.weights.items() if n in live}
+                    mass = sum(kept.values())
+                    solved = {n: w / mass for n, w in kept.items()} if mass > 0 else kept
+                    method = "kept"
+                flags.append("solver-failed")
+                reasons = [*reasons, f"solver failed ({type(exc).__name__}: {exc}); "
+                           + ("kept the last good plan" if method == "kept" else "capacity-proportional split")]
+                if method == "kept" and sum(solved.values()) <= 0:
+                    solved = capacity_proportional({n: self.dips[n].w_max for n in ready})
+                    method = "capacity-proportional"
+        ramp: dict[str, float] | None = None
+        if method not in ("", "equal-split", "capacity-proportional", "kept"):
+            ramp = self._ramp_caps(now, solved, ready)
+            try:
+                solved = self._hold_ramps(ready, free_total, pins, objective, solved, ramp)
+            except (KnapsackLBError, ValueError, ArithmeticError):
+                # the others' w_max cannot carry what the ramps hold back: over capacity until they are up
+                held = {n: min(solved.get(n, 0.0), cap) for n, cap in ramp.items()}
+                rest = capacity_proportional({n: self.dips[n].w_max for n in ready if n not in held and n not in pins})
+                spare = free_total - sum(held.values()) - sum(w for n, w in pins.items() if n in ready)
+                solved = {**{n: w * spare for n, w in rest.items()}, **held,
+                          **{n: w for n, w in pins.items() if n in ready}}
+                flags.append("over-capacity")
+                reasons = [*reasons, "over capacity while returning DIPs ramp up: the others' w_max cannot carry "
+                           "the rest; spread in proportion to estimated capacity"]
+        solved = {n: solved.get(n, 0.0) for n in self.dips}
+        for name in starved:
+            solved[name] = 0.0
+        healthy = {n for n in live if n not in pins}
+        if ramp is None:
+            ramp = self._ramp_caps(now, solved, live)
+        if ramp:
+            flags.append("slow-start")
+            if (not reasons and not self._curves_changed and self.plan is not None
+                    and now < self.applied_at + self.drain_time + s.interval - 1e-9):
+                return None  # ours: the ramp steps once its last step was observed (rounds are stale until then)
+        previous = None if self.plan is None or "measuring" in self.plan.flags else dict(self.plan.weights)
+        weights = apply_rails(
+            solved, previous=previous, healthy=healthy, min_weight=s.safety.min_weight,
+            max_change=s.safety.max_weight_change, ramp_caps=ramp, fixed=fixed,
+        )
+        if reasons or self._curves_changed or self.plan is None:
+            models = sorted({self.dips[n].model for n in ready})
+            reasons = [*reasons, f"solved {len(ready)} curves ({', '.join(models) or 'none'}) with {method}"]
+        for name in weights:
+            if name not in predicted and self.dips[name].ready:
+                predicted[name] = self.dips[name].curve_obj().latency(weights[name])
+        return self._emit(weights, now, method, reasons, predicted, objective_value, objective, seconds, flags)

@@ -1,0 +1,1 @@
+"""Instruments, not product: the loopback testbed, the demo, the fluid model and the benchmarks."""

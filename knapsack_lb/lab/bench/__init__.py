@@ -1,0 +1,1 @@
+"""The ``klb bench`` benchmarks, one module per subject."""

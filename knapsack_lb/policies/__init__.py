@@ -1,4 +1,0 @@
-"""Data-plane policies (shared by the simulator and the testbed): one ``pick`` per request.
-
-See :mod:`knapsack_lb.policies.base` for the protocol.
-"""

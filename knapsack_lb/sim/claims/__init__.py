@@ -1,0 +1,1 @@
+"""Claims of the source documents, one module per document (``klb sim reproduce``)."""

@@ -1,0 +1,188 @@
+"""KnapsackLB claims: sections 6.2 (Table 4, the 3-DIP pool) and 6.3 (dynamics).
+
+The paper reports "up to 45% lower latency for 79% of requests" (a CDF-wise gain); we compare the mean
+latency of successful requests, the steadier number. A claim holds when KnapsackLB is lower and the
+reduction is within half to double the paper's. The 30-DIP runs are time-scaled (service and think
+times x4: the same utilisations and latency ratios at a quarter of the requests) so that the whole
+reproduction stays within minutes; the commands in the rows run the full-size scenarios.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from knapsack_lb.sim.reproduce import ClaimRow, Experiment, percent_lower, run_many
+from knapsack_lb.sim.simulation import run
+from knapsack_lb.sim.spec import Scenario, load_scenario
+
+DOC = "knapsack"
+
+
+def time_scaled(sc: Scenario, k: float, **changes: Any) -> Scenario:
+    """Every time of the workload x k (service, think, RTT, timeouts, probe timeout, drain time), same load."""
+    c = sc.clients
+    kn = sc.knapsack
+    updates: dict[str, Any] = {
+        "service": {"mean": sc.service.mean * k},
+        "clients": {"think_time": c.think_time * k},
+        "network": {"rtt": sc.network.rtt * k},
+        "knapsack": {
+            "probe_timeout": kn.probe_timeout * k,
+            "settings": {**kn.settings, "drain_time": float(kn.settings.get("drain_time", 0.0)) * k},
+        },
+    }
+    if sc.lb.timeout is not None:
+        updates["lb"] = {"timeout": sc.lb.timeout * k}
+    updates.update(changes)
+    return sc.with_changes(**updates)
+
+
+def _rows_vs(
+    results: dict[str, Any], cmd: str, claims: list[tuple[str, float]], note: str, who: str = "knapsack"
+) -> list[ClaimRow]:
+    klb = results[who]
+    label = "KnapsackLB" if who == "knapsack" else "reference: a correct static plan (oracle capacity weights)"
+    rows = []
+    for other, paper in claims:
+        gain = percent_lower(klb.mean, results[other].mean)
+        holds = 0.5 * paper <= gain <= min(100.0, 2.0 * paper)
+        rows.append(
+            ClaimRow(
+                document=DOC,
+                claim=f"{label} lower latency than {other}",
+                metric="mean latency, % lower",
+                document_value=f"{paper:.0f}% lower",
+                holds=holds,
+                command=cmd,
+                simulated_value=f"{gain:.0f}% lower ({klb.mean * 1000:.1f} vs {results[other].mean * 1000:.1f} ms)",
+                note=note,
+            )
+        )
+    return rows
+
+
+def paper30(seed: int) -> list[ClaimRow]:
+    # the controller's curves are complete at about 305 s in this run (layer 4: every measurement round waits
+    # the drain time), so its steady state is measured from 550 s (docs/results.md)
+    sc = time_scaled(load_scenario("knapsack-paper30"), 4.0, duration=700.0, warmup=550.0)
+    # the baselines need no learning phase: a shorter run measures their steady state
+    short = sc.with_changes(duration=140.0, warmup=20.0)
+    baselines = ["round_robin", "least_connections", "oracle_capacity_weights"]
+    results = {**run_many(short, baselines, seed), **run_many(sc, ["knapsack"], seed)}
+    cmd = "klb sim compare knapsack-paper30"
+    note = "Table 4 unweighted; 30 DIPs (16x1, 8x2, 4x4, 2x8 vCPUs), layer 4, 4 MUXes, time-scaled x4"
+    return _rows_vs(results, cmd, [("round_robin", 45.0), ("least_connections", 23.0)], note) + _rows_vs(
+        results,
+        cmd,
+        [("round_robin", 45.0), ("least_connections", 23.0)],
+        note + "; what the layer-4 model allows",
+        who="oracle_capacity_weights",
+    )
+
+
+def three_dip(seed: int) -> list[ClaimRow]:
+    sc = load_scenario("knapsack-3dip").with_changes(duration=400.0, warmup=200.0)
+    short = sc.with_changes(duration=220.0, warmup=20.0)
+    baselines = ["round_robin", "least_connections", "oracle_capacity_weights"]
+    results = {**run_many(short, baselines, seed), **run_many(sc, ["knapsack"], seed)}
+    cmd = "klb sim compare knapsack-3dip"
+    note = "section 6.2, capacities 1, 0.8, 0.6, weights 1:1:1 for RR/LC, layer 4"
+    return _rows_vs(results, cmd, [("round_robin", 37.0), ("least_connections", 29.0)], note) + _rows_vs(
+        results,
+        cmd,
+        [("round_robin", 37.0), ("least_connections", 29.0)],
+        note + "; what the layer-4 model allows",
+        who="oracle_capacity_weights",
+    )
+
+
+def _weights_at(plans: list[dict[str, Any]], t: float) -> dict[str, float]:
+    current: dict[str, float] = {}
+    for p in plans:
+        if p["time"] <= t:
+            current = p["weights"]
+    return current
+
+
+def _group(weights: dict[str, float], prefix: str, names: list[str] | None = None) -> float:
+    return sum(v for k, v in weights.items() if (k.startswith(prefix) if names is None else k in names))
+
+
+def dynamics(seed: int) -> list[ClaimRow]:
+    sc = time_scaled(load_scenario("knapsack-dynamics"), 4.0)
+    result = run(sc, "knapsack", seed)
+    plans = result.series["plans"]
+    cmd = "klb sim run knapsack-dynamics --policy knapsack --json"
+    rows = []
+    before = _weights_at(plans, 179.0)
+    after = _weights_at(plans, 200.0)
+    failed = ["ds3-1", "ds3-2"]
+    gone = _group(after, "", failed)
+    freed = _group(before, "", failed)
+    small = _group(after, "ds1") + _group(after, "ds2") - _group(before, "ds1") - _group(before, "ds2")
+    big = _group(after, "", ["ds3-3", "ds3-4", "f8-1", "f8-2"]) - _group(before, "", ["ds3-3", "ds3-4", "f8-1", "f8-2"])
+    rows.append(
+        ClaimRow(
+            DOC,
+            "failed DIPs lose their weight, mostly to the larger DIPs",
+            "weight shift after DIP-25,26 fail",
+            "DIP-1..24 +0.039, DIP-27..30 +0.066",
+            f"failed {freed:.3f} -> {gone:.3f}; DIP-1..24 {small:+.3f}, DIP-27..30 {big:+.3f}",
+            holds=bool(gone < 0.01 and big > small and before),
+            command=cmd,
+            note="weights 20 s after the failure vs just before",
+        )
+    )
+    pre_cap = _weights_at(plans, 299.0)
+    post_cap = _weights_at(plans, 385.0)
+    ds3_before, ds3_after = _group(pre_cap, "ds3"), _group(post_cap, "ds3")
+    cut = percent_lower(ds3_after, ds3_before)
+    rows.append(
+        ClaimRow(
+            DOC,
+            "a capacity drop moves weight off the slowed DIPs",
+            "weight of DIP-25..28 after losing 1 of 4 cores",
+            "15-17% lower",
+            f"{cut:.0f}% lower ({ds3_before:.3f} -> {ds3_after:.3f})",
+            holds=bool(pre_cap and 5.0 <= cut <= 40.0),
+            command=cmd,
+            note="weights 85 s after the change vs just before",
+        )
+    )
+    pre_tr = _weights_at(plans, 399.0)
+    post_tr = _weights_at(plans, 475.0)
+    big_share = _group(post_tr, "ds3") + _group(post_tr, "f8") - _group(pre_tr, "ds3") - _group(pre_tr, "f8")
+    rows.append(
+        ClaimRow(
+            DOC,
+            "+10% traffic is absorbed mostly by the larger DIPs",
+            "share change of DIP-25..30 after +10% traffic",
+            "DIP-25..30 absorb most",
+            f"{big_share:+.3f}",
+            holds=bool(pre_tr and big_share > 0),
+            command=cmd,
+            note="weights 75 s after the change vs just before",
+        )
+    )
+    util = result.series["utilization"]
+    times = result.series["window_times"]
+    worst = max((max(u) for t, u in zip(times, util, strict=True) if t > sc.warmup), default=0.0)
+    rows.append(
+        ClaimRow(
+            DOC,
+            "no DIP is overloaded through the dynamics",
+            "max DIP utilisation per 5 s window after warm-up",
+            "none overloaded",
+            f"{worst:.2f}",
+            holds=worst < 0.97,
+            command=cmd,
+        )
+    )
+    return rows
+
+
+EXPERIMENTS = [
+    Experiment(DOC, "30-DIP pool (Table 3), layer 4", paper30),
+    Experiment(DOC, "3-DIP pool (1, 0.8, 0.6), layer 4", three_dip),
+    Experiment(DOC, "dynamics (section 6.3)", dynamics),
+]

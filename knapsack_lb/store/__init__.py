@@ -1,0 +1,119 @@
+"""The latency store contract (KnapsackLB paper, section 5 "Latency store").
+
+Probes write measurements; the controller reads them and writes curves, plans and its
+own state; the admin API reads everything and writes configuration and operator
+overrides. One store is the single source of truth, so a restart of any process loses
+nothing. ``RedisLatencyStore`` (:mod:`knapsack_lb.store.redis`) is used by every real run;
+``MemoryLatencyStore`` (:mod:`knapsack_lb.store.memory`) only by the simulator and
+offline tools.
+
+All methods are coroutines. Keys are namespaced and hash-tagged per VIP
+(``klb:{vip}:...``) so one VIP's keys live in one Redis Cluster slot; the writes of one
+probe round are one pipeline and ``snapshot(vip)`` is one round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from knapsack_lb.model import Measurement, VipConfig, WeightPlan
+
+
+@dataclass(frozen=True)
+class CurveRecord:
+    """A fitted curve as stored: the curve (``curves.curve_from_dict`` form), the DIP's
+    ``w_max``, the points it was fitted on, and the fit's quality (held-out error)."""
+
+    vip: str
+    dip: str
+    curve: Mapping[str, Any]
+    w_max: float
+    points: Sequence[tuple[float, float]] = ()
+    model: str = "quadratic"
+    fit_error: float | None = None
+    fitted_at: float = 0.0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class VipSnapshot:
+    """Everything about one VIP, read in one round trip."""
+
+    config: VipConfig | None
+    latest: Mapping[str, Measurement]
+    current_plan: WeightPlan | None
+    curves: Mapping[str, CurveRecord]
+    controller_state: Mapping[str, Any] | None
+    remeasure: frozenset[str]
+
+
+@runtime_checkable
+class LatencyStore(Protocol):
+    # --- configuration -------------------------------------------------------------
+    async def put_vip(self, config: VipConfig) -> None: ...
+
+    async def get_vip(self, vip: str) -> VipConfig | None: ...
+
+    async def list_vips(self) -> list[str]: ...
+
+    async def delete_vip(self, vip: str) -> None: ...
+
+    # --- measurements (probe rounds) -----------------------------------------------
+    async def put_measurements(self, measurements: Sequence[Measurement]) -> None:
+        """Store one round (any number of DIPs, any VIPs) in one pipeline, applying retention."""
+        ...
+
+    async def measurements(
+        self, vip: str, dip: str | None = None, since: float | None = None, limit: int | None = None
+    ) -> list[Measurement]:
+        """Oldest first; ``dip=None`` means all DIPs of the VIP."""
+        ...
+
+    # --- plans, curves, controller state -------------------------------------------
+    async def put_plan(self, plan: WeightPlan) -> None:
+        """Make ``plan`` current and append it to the bounded plan history."""
+        ...
+
+    async def current_plan(self, vip: str) -> WeightPlan | None: ...
+
+    async def plan_history(self, vip: str, limit: int = 100) -> list[WeightPlan]: ...
+
+    async def put_curves(self, vip: str, curves: Sequence[CurveRecord]) -> None: ...
+
+    async def curves(self, vip: str) -> dict[str, CurveRecord]: ...
+
+    async def put_controller_state(self, vip: str, state: Mapping[str, Any]) -> None: ...
+
+    async def controller_state(self, vip: str) -> dict[str, Any] | None: ...
+
+    async def request_remeasure(self, vip: str, dip: str) -> None: ...
+
+    async def take_remeasure_requests(self, vip: str) -> set[str]: ...
+
+    async def snapshot(self, vip: str, measurements_since: float | None = None) -> VipSnapshot: ...
+
+    # --- leases (probe workers share DIPs, controllers share VIPs) ------------------
+    async def heartbeat(self, group: str, member: str, ttl: float) -> None:
+        """Announce ``member`` alive in ``group`` for ``ttl`` seconds."""
+        ...
+
+    async def live_members(self, group: str) -> list[str]: ...
+
+    async def acquire_lease(self, group: str, resource: str, owner: str, ttl: float) -> bool:
+        """Take or renew ``resource`` for ``owner``; False if another live owner holds it."""
+        ...
+
+    async def release_lease(self, group: str, resource: str, owner: str) -> None: ...
+
+    async def lease_owner(self, group: str, resource: str) -> str | None: ...
+
+    # --- status --------------------------------------------------------------------
+    async def put_status(self, component: str, member: str, status: Mapping[str, Any], ttl: float) -> None: ...
+
+    async def statuses(self, component: str) -> dict[str, dict[str, Any]]: ...
+
+    async def ping(self) -> bool: ...
+
+    async def close(self) -> None: ...
