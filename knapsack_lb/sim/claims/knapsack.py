@@ -63,7 +63,7 @@ def _rows_vs(
 
 def paper30(seed: int) -> list[ClaimRow]:
     # the controller's curves are complete at about 305 s in this run (layer 4: every measurement round waits
-    # the drain time), so its steady state is measured from 550 s (docs/results.md)
+    # the drain time), so its steady state is measured from 550 s (docs/results/simulator.md)
     sc = time_scaled(load_scenario("knapsack-paper30"), 4.0, duration=700.0, warmup=550.0)
     # the baselines need no learning phase: a shorter run measures their steady state
     short = sc.with_changes(duration=140.0, warmup=20.0)
