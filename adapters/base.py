@@ -3,8 +3,15 @@
 KnapsackLB changes nothing in the LB but its weights, through the interface the LB
 already has (KnapsackLB paper, sections 3.2 and 6.5). An adapter:
 
-* is built from its VIP's ``adapter.settings`` by ``from_config(raw)``, which fills
-  defaults and validates every name that will reach a command or a file;
+* declares its settings as a pydantic model, ``Settings`` (a subclass of
+  :class:`AdapterSettings`). Everything in it that names a binary, a file, a directory, a
+  socket, a listen address, a URL or an environment variable is the operator's: it is set in
+  the configuration file's ``load_balancers`` section, never through the admin API. The few
+  fields a VIP may set (``Settings.vip_fields``, e.g. the DIP-to-server mapping) are names or
+  addresses, validated like everything else;
+* is built by ``from_config(raw)`` from the operator's settings merged with the VIP's; building
+  has no side effect (no connection, no listener, no file written); validating settings never
+  builds an adapter;
 * ``apply(plan)`` applies the whole plan or nothing: on any failure the last good
   weights stay in place and the result says why. It never raises for an unreachable LB;
 * ``read()`` returns the weights the LB really uses now (as fractions summing to 1 over
@@ -19,15 +26,44 @@ party adds one with its own distribution, no change to this repository.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
 
 from knapsack_lb.errors import InvalidInputError
-from knapsack_lb.model import WeightPlan
+from knapsack_lb.model import DipConfig, WeightPlan
+from knapsack_lb.plugins import ADAPTERS, load_plugin, validate_settings
 
-ENTRY_POINT_GROUP = "knapsack_lb.adapters"
+ENTRY_POINT_GROUP = ADAPTERS
+SETTINGS_PREFIX = "adapter.settings"
+
+
+class AdapterSettings(BaseModel):
+    """Base of every adapter's settings: frozen, unknown keys refused, no NaN or infinity.
+
+    ``vip_fields`` names the fields a VIP may set through the admin API; every other field is
+    operator-owned (the configuration file's ``load_balancers`` section).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    vip_fields: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def defaults_for(cls, dips: Sequence[DipConfig]) -> dict[str, Any]:
+        """Per-VIP defaults derived from the VIP's DIPs (e.g. each DIP's address as its
+        upstream server); the VIP's own settings override them."""
+        return {}
+
+
+Settings = TypeVar("Settings", bound=AdapterSettings)
+
+
+def parse_settings(model: type[Settings], raw: Mapping[str, Any], prefix: str = SETTINGS_PREFIX) -> Settings:
+    """``raw`` validated by the adapter's settings model; errors name ``prefix.<field>``."""
+    return validate_settings(model, raw, prefix)
 
 
 @dataclass(frozen=True)
@@ -40,6 +76,7 @@ class ApplyResult:
     quantisation_error: float = 0.0
     seconds: float = 0.0
     reason: str = ""
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -54,6 +91,7 @@ class Adapter(Protocol):
     """A load balancer that takes weights. See the module docstring for the contract."""
 
     name: str
+    Settings: ClassVar[type[AdapterSettings]]
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any]) -> Adapter: ...
@@ -124,15 +162,10 @@ def quantise(weights: Mapping[str, float], total: int, low: int = 0, high: int |
     return Quantised(result, error)
 
 
-def load_adapter_class(name: str) -> type[Adapter]:
+def load_adapter_class(name: str, field: str = "adapter") -> type[Adapter]:
     """The adapter class registered under ``name`` in the entry-point group."""
-    found = entry_points(group=ENTRY_POINT_GROUP)
-    for ep in found:
-        if ep.name == name:
-            cls = ep.load()
-            return cls
-    known = sorted(ep.name for ep in found)
-    raise InvalidInputError("adapter.name", name, f"no adapter of that name; installed: {known}")
+    cls: type[Adapter] = load_plugin(ENTRY_POINT_GROUP, name, field)
+    return cls
 
 
 def make_adapter(name: str, settings: Mapping[str, Any]) -> Adapter:

@@ -36,12 +36,10 @@ canonical IP literals and integers, so no quote or ``)`` can escape the string.
 from __future__ import annotations
 
 import ipaddress
-import math
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import quote, urlsplit
 
 import dns.exception
@@ -50,23 +48,26 @@ import dns.query
 import dns.rcode
 import dns.rdatatype
 import httpx
+from pydantic import BeforeValidator, ConfigDict, Field, SecretStr, model_validator
 
-from adapters.base import ApplyResult, CheckResult, quantise
+from adapters.base import AdapterSettings, ApplyResult, CheckResult, parse_settings, quantise
 from knapsack_lb.clock import Clock, SystemClock
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
-from knapsack_lb.model import WeightPlan
+from knapsack_lb.model import DipConfig, WeightPlan
 from knapsack_lb.names import (
     HOSTNAME_PATTERN,
+    Name,
     format_address,
     parse_address,
+    pydantic_rule,
     validate_host,
-    validate_name,
     validate_port,
 )
 
 DEFAULT_TTL = 5
 DEFAULT_RESOLUTION = 1000
 API_KEY_PATTERN = re.compile(r"^[\x21-\x7e]{1,256}$")  # printable ASCII, no space
+ENV_NAME_PATTERN = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 LUA_PATTERN = re.compile(r"^(A|AAAA) \"pickwrandom\(\{(\{\d+,'[0-9A-Fa-f:.]+'\}(?:,\{\d+,'[0-9A-Fa-f:.]+'\})*)\}\)\"$")
 ENTRY_PATTERN = re.compile(r"\{(\d+),'([0-9A-Fa-f:.]+)'\}")
 
@@ -165,103 +166,7 @@ def rrset_patch(record: str, rrtype: RecordType, ttl: int, content: str | None) 
 # --- settings -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PowerDnsSettings:
-    """Validated ``adapter.settings`` of a DNS VIP.
-
-    * ``api_url``: ``http://host:port`` of the PowerDNS webserver/API (required);
-    * ``api_key`` or ``api_key_env`` (name of an environment variable holding it);
-    * ``server_id``: API server id (default ``localhost``);
-    * ``zone``: the zone holding the record, e.g. ``example.test.`` (required, must exist);
-    * ``record``: the VIP's name, fully qualified or relative to the zone (required);
-    * ``addresses``: DIP name -> IP literal (required; all IPv4 or all IPv6);
-    * ``dns_server``: ``ip:port`` queried to verify each change (required);
-    * ``ttl``: seconds resolvers may cache an answer (default 5);
-    * ``resolution``: integer weight units per plan (default 1000);
-    * ``verify_queries``: queries after each change that must all resolve (default 3);
-    * ``timeout``: seconds for each API call and DNS query (default 2.0).
-    """
-
-    api_url: str
-    api_key: str
-    zone: str
-    record: str
-    addresses: Mapping[str, str]
-    dns_server: tuple[str, int]
-    server_id: str = "localhost"
-    ttl: int = DEFAULT_TTL
-    resolution: int = DEFAULT_RESOLUTION
-    verify_queries: int = 3
-    timeout: float = 2.0
-
-    @property
-    def rrtype(self) -> RecordType:
-        return record_type(self.addresses)
-
-    @classmethod
-    def parse(cls, raw: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> PowerDnsSettings:
-        p = "adapter.settings"
-        known = {
-            "api_url", "api_key", "api_key_env", "server_id", "zone", "record", "addresses", "dns_server", "ttl",
-            "resolution", "verify_queries", "timeout",
-        }  # fmt: skip
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise InvalidInputError(p, unknown, f"unknown settings; known: {sorted(known)}")
-        api_url = _validate_api_url(f"{p}.api_url", raw.get("api_url"))
-        api_key = _api_key(raw, os.environ if environ is None else environ)
-        server_id = validate_name(f"{p}.server_id", raw.get("server_id", "localhost"))
-        zone = validate_dns_name(f"{p}.zone", raw.get("zone"))
-        record_raw = raw.get("record")
-        if isinstance(record_raw, str) and not record_raw.endswith("."):
-            record_raw = f"{record_raw}.{zone}"
-        record = validate_dns_name(f"{p}.record", record_raw)
-        if record != zone and not record.endswith("." + zone):
-            raise InvalidInputError(f"{p}.record", raw.get("record"), f"must be inside zone {zone!r}")
-        addresses_raw = raw.get("addresses")
-        if not isinstance(addresses_raw, Mapping) or not addresses_raw:
-            raise InvalidInputError(f"{p}.addresses", addresses_raw, "must map DIP names to IP addresses")
-        addresses = {
-            validate_name(f"{p}.addresses", dip): validate_ip(f"{p}.addresses.{dip}", ip)
-            for dip, ip in addresses_raw.items()
-        }
-        if len(set(addresses.values())) != len(addresses):
-            raise InvalidInputError(f"{p}.addresses", addresses_raw, "two DIPs share an address")
-        record_type(addresses)
-        dns_host, dns_port = parse_address(f"{p}.dns_server", raw.get("dns_server"))
-        validate_ip(f"{p}.dns_server", dns_host)
-        ttl = _int(f"{p}.ttl", raw.get("ttl", DEFAULT_TTL), 0, 86_400)
-        resolution = _int(f"{p}.resolution", raw.get("resolution", DEFAULT_RESOLUTION), 1, 1_000_000)
-        verify_queries = _int(f"{p}.verify_queries", raw.get("verify_queries", 3), 1, 100)
-        timeout = raw.get("timeout", 2.0)
-        if (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, (int, float))
-            or not (math.isfinite(timeout) and 0 < timeout <= 60)
-        ):
-            raise InvalidInputError(f"{p}.timeout", timeout, "must be seconds in (0, 60]")
-        return cls(
-            api_url=api_url,
-            api_key=api_key,
-            zone=zone,
-            record=record,
-            addresses=addresses,
-            dns_server=(dns_host, dns_port),
-            server_id=server_id,
-            ttl=ttl,
-            resolution=resolution,
-            verify_queries=verify_queries,
-            timeout=float(timeout),
-        )
-
-
-def _int(field: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidInputError(field, value, f"must be an integer in {low}-{high}")
-    return value
-
-
-def _validate_api_url(field: str, value: object) -> str:
+def _api_url(field: str, value: object) -> str:
     if not isinstance(value, str):
         raise InvalidInputError(field, value, "must be 'http://host:port'")
     parts = urlsplit(value)
@@ -277,20 +182,97 @@ def _validate_api_url(field: str, value: object) -> str:
     return f"{parts.scheme}://{format_address(host, validate_port(field, port or 80))}"
 
 
-def _api_key(raw: Mapping[str, Any], environ: Mapping[str, str]) -> str:
-    if "api_key" in raw and "api_key_env" in raw:
-        raise InvalidInputError("adapter.settings.api_key", "<hidden>", "give api_key or api_key_env, not both")
-    if "api_key_env" in raw:
-        variable = validate_name("adapter.settings.api_key_env", raw["api_key_env"])
-        key: object = environ.get(variable)
+def _dns_server(field: str, value: object) -> str:
+    host, port = parse_address(field, value)
+    return format_address(validate_ip(field, host), port)
+
+
+def _env_name(field: str, value: object) -> str:
+    if not isinstance(value, str) or not ENV_NAME_PATTERN.fullmatch(value):
+        raise InvalidInputError(field, value, "must be an environment variable name (A-Z, 0-9, '_')")
+    return value
+
+
+class PowerDnsSettings(AdapterSettings):
+    """Settings of a PowerDNS weighted-DNS load balancer (the operator's, but for ``addresses``).
+
+    ``api_url``, ``dns_server`` and ``api_key_env`` name a URL, an address and an environment
+    variable of the controller: they are set in the configuration file only. The key itself is
+    read from the environment when the adapter is built, never while settings are validated.
+    """
+
+    model_config = ConfigDict(strict=True)
+    vip_fields: ClassVar[frozenset[str]] = frozenset({"addresses"})
+
+    api_url: Annotated[str, BeforeValidator(pydantic_rule(_api_url))] = Field(
+        description="http://host:port of the PowerDNS webserver/API."
+    )
+    api_key: SecretStr | None = Field(None, description="The API key (prefer api_key_env).")
+    api_key_env: Annotated[str, BeforeValidator(pydantic_rule(_env_name))] | None = Field(
+        None, description="Environment variable of the controller that holds the API key."
+    )
+    server_id: Name = Field("localhost", description="API server id.")
+    zone: Annotated[str, BeforeValidator(pydantic_rule(validate_dns_name))] = Field(
+        description="The zone holding the record, e.g. example.test. (must exist)."
+    )
+    record: str = Field(description="The VIP's name, fully qualified or relative to the zone.")
+    addresses: dict[Name, Annotated[str, BeforeValidator(pydantic_rule(validate_ip))]] = Field(
+        default_factory=dict, description="DIP name -> IP literal, all IPv4 or all IPv6 (default: each DIP's host)."
+    )
+    dns_server: Annotated[str, BeforeValidator(pydantic_rule(_dns_server))] = Field(
+        description="ip:port queried to verify each change."
+    )
+    ttl: int = Field(DEFAULT_TTL, ge=0, le=86_400, description="Seconds resolvers may cache an answer.")
+    resolution: int = Field(DEFAULT_RESOLUTION, ge=1, le=1_000_000, description="Integer weight units per plan.")
+    verify_queries: int = Field(3, ge=1, le=100, description="Queries after each change that must all resolve.")
+    timeout: float = Field(2.0, gt=0, le=60, description="Seconds for each API call and DNS query.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PowerDnsSettings:
+        if (self.api_key is None) == (self.api_key_env is None):
+            raise InvalidInputError("api_key", "<hidden>", "give api_key or api_key_env (exactly one)")
+        if self.api_key is not None and not API_KEY_PATTERN.fullmatch(self.api_key.get_secret_value()):
+            # never echo a secret back
+            raise InvalidInputError("api_key", "<hidden>", "must be 1-256 printable characters, no spaces")
+        record = self.record if self.record.endswith(".") else f"{self.record}.{self.zone}"
+        record = validate_dns_name("record", record)
+        if record != self.zone and not record.endswith("." + self.zone):
+            raise InvalidInputError("record", self.record, f"must be inside zone {self.zone!r}")
+        object.__setattr__(self, "record", record)
+        if self.addresses:
+            if len(set(self.addresses.values())) != len(self.addresses):
+                raise InvalidInputError("addresses", dict(self.addresses), "two DIPs share an address")
+            record_type(self.addresses)
+        return self
+
+    @classmethod
+    def defaults_for(cls, dips: Sequence[DipConfig]) -> dict[str, Any]:
+        return {"addresses": {d.name: d.host_port[0] for d in dips}}
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> PowerDnsSettings:
+        """Validate raw settings; errors name ``adapter.settings.<field>``."""
+        return parse_settings(cls, raw)
+
+    @property
+    def rrtype(self) -> RecordType:
+        return record_type(self.addresses)
+
+    @property
+    def dns_address(self) -> tuple[str, int]:
+        return parse_address("dns_server", self.dns_server)
+
+    def api_key_from(self, environ: Mapping[str, str]) -> str:
+        """The API key: ``api_key``, or the variable ``api_key_env`` names in ``environ``."""
+        if self.api_key is not None:
+            return self.api_key.get_secret_value()
+        assert self.api_key_env is not None
+        key = environ.get(self.api_key_env)
         if key is None:
-            raise InvalidInputError("adapter.settings.api_key_env", variable, "environment variable is not set")
-    else:
-        key = raw.get("api_key")
-    if not isinstance(key, str) or not API_KEY_PATTERN.fullmatch(key):
-        # never echo a secret back
-        raise InvalidInputError("adapter.settings.api_key", "<hidden>", "must be 1-256 printable characters, no spaces")
-    return key
+            raise InvalidInputError("adapter.settings.api_key_env", self.api_key_env, "environment variable is not set")
+        if not API_KEY_PATTERN.fullmatch(key):
+            raise InvalidInputError("adapter.settings.api_key_env", self.api_key_env, "holds no usable API key")
+        return key
 
 
 # --- the adapter ---------------------------------------------------------------------------
@@ -301,7 +283,11 @@ class PowerDnsAdapter:
 
     name = "powerdns"
 
-    def __init__(self, settings: PowerDnsSettings, clock: Clock | None = None) -> None:
+    Settings: ClassVar[type[PowerDnsSettings]] = PowerDnsSettings
+
+    def __init__(self, settings: PowerDnsSettings, api_key: str, clock: Clock | None = None) -> None:
+        if not settings.addresses:
+            raise InvalidInputError("adapter.settings.addresses", {}, "must map DIP names to IP addresses")
         self.settings = settings
         self.clock: Clock = clock or SystemClock()
         self.last_error = ""
@@ -309,14 +295,15 @@ class PowerDnsAdapter:
         self._ip_to_dip = {ip: dip for dip, ip in settings.addresses.items()}
         self._client = httpx.Client(
             base_url=settings.api_url,
-            headers={"X-API-Key": settings.api_key},
+            headers={"X-API-Key": api_key},
             timeout=settings.timeout,
             trust_env=False,
         )
 
     @classmethod
-    def from_config(cls, raw: Mapping[str, Any]) -> PowerDnsAdapter:
-        return cls(PowerDnsSettings.parse(raw))
+    def from_config(cls, raw: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> PowerDnsAdapter:
+        settings = PowerDnsSettings.parse(raw)
+        return cls(settings, settings.api_key_from(os.environ if environ is None else environ))
 
     def close(self) -> None:
         self._client.close()
@@ -383,7 +370,7 @@ class PowerDnsAdapter:
     def verify(self, allowed: set[str]) -> str:
         """Query the name ``verify_queries`` times; ``""`` if every answer is NOERROR with
         addresses from ``allowed``, else what went wrong."""
-        host, port = self.settings.dns_server
+        host, port = self.settings.dns_address
         rdtype = dns.rdatatype.A if self._rrtype == "A" else dns.rdatatype.AAAA
         for _ in range(self.settings.verify_queries):
             query = dns.message.make_query(self.settings.record, rdtype)

@@ -37,23 +37,22 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import tempfile
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import httpx
 from google.protobuf import json_format
+from pydantic import ConfigDict, Field, model_validator
 
-from adapters.base import ApplyResult, CheckResult, quantise
+from adapters.base import AdapterSettings, ApplyResult, CheckResult, parse_settings, quantise
 from knapsack_lb.clock import Clock, SystemClock
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
-from knapsack_lb.model import WeightPlan
-from knapsack_lb.names import format_address, parse_address, validate_name
+from knapsack_lb.model import DipConfig, WeightPlan
+from knapsack_lb.names import AbsolutePath, Address, Name, format_address, parse_address, validate_name
 
 CLA_TYPE_URL = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 MAX_TOTAL_WEIGHT = 2**32 - 1  # Envoy: the sum of weights in a locality must fit in uint32
@@ -221,79 +220,60 @@ def parse_admin_clusters(
 # --- settings ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class EnvoySettings:
-    """Validated ``adapter.settings`` of an Envoy VIP.
+class EnvoySettings(AdapterSettings):
+    """Settings of an Envoy load balancer (the operator's, but for ``endpoints``).
 
-    * ``mode``: ``file`` (default) or ``xds``;
-    * ``cluster``: the Envoy cluster name (required);
-    * ``endpoints``: DIP name -> ``host:port`` (required; IP literals or hostnames);
-    * ``eds_path``: absolute path of the watched EDS file (file mode, required there);
-    * ``xds_listen``: ``host:port`` of the gRPC EDS server (xds mode; loopback by default
-      ``127.0.0.1:18000``);
-    * ``admin``: ``host:port`` of Envoy's admin API (optional; without it ``read()`` and
-      the post-apply verification are unavailable);
-    * ``resolution``: integer weight units per plan (default 1000, so each weight is 1-1000);
-    * ``verify_timeout``: seconds to wait for Envoy to show (file) or ACK (xds) the new
-      assignment (default 2.0).
+    ``eds_path``, ``xds_listen`` and ``admin`` name a file, a listen address and a URL: they are
+    set in the configuration file only. The xDS server is started by the controller when it
+    first pushes a plan, never by validating settings.
     """
 
-    cluster: str
-    endpoints: Mapping[str, tuple[str, int]]
-    mode: Mode = "file"
-    eds_path: Path | None = None
-    xds_listen: tuple[str, int] = ("127.0.0.1", 18000)
-    admin: tuple[str, int] | None = None
-    resolution: int = DEFAULT_RESOLUTION
-    verify_timeout: float = 2.0
+    model_config = ConfigDict(strict=True)
+    vip_fields: ClassVar[frozenset[str]] = frozenset({"endpoints"})
+
+    cluster: Name = Field(description="The Envoy cluster whose endpoints get the weights.")
+    endpoints: dict[Name, Address] = Field(
+        default_factory=dict, description="DIP name -> host:port (default: each DIP's own address)."
+    )
+    mode: Mode = Field("file", description="file: a watched EDS file; xds: the adapter's gRPC EDS server.")
+    eds_path: AbsolutePath | None = Field(None, description="Absolute path of the watched EDS file (file mode).")
+    xds_listen: Address = Field("127.0.0.1:18000", description="host:port of the gRPC EDS server (xds mode).")
+    admin: Address | None = Field(None, description="host:port of Envoy's admin API (read() and verification).")
+    resolution: int = Field(DEFAULT_RESOLUTION, ge=1, le=1_000_000, description="Integer weight units per plan.")
+    verify_timeout: float = Field(
+        2.0, gt=0, le=60, description="Seconds to wait for Envoy to show (file) or ACK (xds) a new assignment."
+    )
+
+    @model_validator(mode="after")
+    def _mode_needs_path(self) -> EnvoySettings:
+        if self.mode == "file" and self.eds_path is None:
+            raise ValueError("eds_path: file mode needs an absolute path")
+        return self
+
+    @classmethod
+    def defaults_for(cls, dips: Sequence[DipConfig]) -> dict[str, Any]:
+        return {"endpoints": {d.name: d.address for d in dips}}
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> EnvoySettings:
-        prefix = "adapter.settings"
-        known = {"mode", "cluster", "endpoints", "eds_path", "xds_listen", "admin", "resolution", "verify_timeout"}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise InvalidInputError(prefix, unknown, f"unknown settings; known: {sorted(known)}")
-        mode = raw.get("mode", "file")
-        if mode not in ("file", "xds"):
-            raise InvalidInputError(f"{prefix}.mode", mode, "must be 'file' or 'xds'")
-        cluster = validate_name(f"{prefix}.cluster", raw.get("cluster"))
-        endpoints_raw = raw.get("endpoints")
-        if not isinstance(endpoints_raw, Mapping) or not endpoints_raw:
-            raise InvalidInputError(f"{prefix}.endpoints", endpoints_raw, "must map DIP names to 'host:port'")
-        endpoints = {
-            validate_name(f"{prefix}.endpoints", dip): parse_address(f"{prefix}.endpoints.{dip}", address)
-            for dip, address in endpoints_raw.items()
-        }
-        eds_path = None
-        if mode == "file":
-            eds_raw = raw.get("eds_path")
-            if not isinstance(eds_raw, str) or not eds_raw.startswith("/") or any(c in eds_raw for c in "\r\n\0"):
-                raise InvalidInputError(f"{prefix}.eds_path", eds_raw, "file mode needs an absolute path")
-            eds_path = Path(eds_raw)
-            validate_name(f"{prefix}.eds_path", eds_path.name)
-        xds_listen = parse_address(f"{prefix}.xds_listen", raw.get("xds_listen", "127.0.0.1:18000"))
-        admin = parse_address(f"{prefix}.admin", raw["admin"]) if raw.get("admin") is not None else None
-        resolution = raw.get("resolution", DEFAULT_RESOLUTION)
-        if isinstance(resolution, bool) or not isinstance(resolution, int) or not 1 <= resolution <= 1_000_000:
-            raise InvalidInputError(f"{prefix}.resolution", resolution, "must be an integer in 1-1000000")
-        verify_timeout = raw.get("verify_timeout", 2.0)
-        if (
-            isinstance(verify_timeout, bool)
-            or not isinstance(verify_timeout, (int, float))
-            or not (math.isfinite(verify_timeout) and 0 < verify_timeout <= 60)
-        ):
-            raise InvalidInputError(f"{prefix}.verify_timeout", verify_timeout, "must be seconds in (0, 60]")
-        return cls(
-            cluster=cluster,
-            endpoints=endpoints,
-            mode=mode,
-            eds_path=eds_path,
-            xds_listen=xds_listen,
-            admin=admin,
-            resolution=resolution,
-            verify_timeout=float(verify_timeout),
-        )
+        """Validate raw settings; errors name ``adapter.settings.<field>``."""
+        return parse_settings(cls, raw)
+
+    @property
+    def endpoint_addresses(self) -> dict[str, tuple[str, int]]:
+        return {dip: parse_address(f"endpoints.{dip}", address) for dip, address in self.endpoints.items()}
+
+    @property
+    def xds_address(self) -> tuple[str, int]:
+        return parse_address("xds_listen", self.xds_listen)
+
+    @property
+    def admin_address(self) -> tuple[str, int] | None:
+        return None if self.admin is None else parse_address("admin", self.admin)
+
+    @property
+    def eds_file(self) -> Path | None:
+        return None if self.eds_path is None else Path(self.eds_path)
 
 
 # --- the adapter ---------------------------------------------------------------------------
@@ -303,6 +283,7 @@ class EnvoyAdapter:
     """Pushes plans into Envoy via EDS (file or xDS). See the module docstring."""
 
     name = "envoy"
+    Settings: ClassVar[type[EnvoySettings]] = EnvoySettings
 
     def __init__(self, settings: EnvoySettings, clock: Clock | None = None) -> None:
         self.settings = settings
@@ -310,10 +291,9 @@ class EnvoyAdapter:
         self._serial = 0
         self._last_good: dict[str, Any] | None = None
         self._server: Any = None
+        self._listen_error = ""
         self.last_error = ""
         self._http: httpx.Client | None = None
-        if settings.mode == "xds":
-            self._start_server()
 
     def _start_server(self) -> str:
         """Join (or start) the shared xDS server; the reason if it cannot listen (retried on
@@ -324,15 +304,19 @@ class EnvoyAdapter:
         from adapters.envoy_xds import EdsServer
 
         try:
-            self._server = EdsServer.shared(*self.settings.xds_listen)
+            self._server = EdsServer.shared(*self.settings.xds_address)
         except OSError as exc:
-            self.last_error = str(exc)
+            self.last_error = self._listen_error = str(exc)
             return str(exc)
+        self._listen_error = ""
         return ""
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any]) -> EnvoyAdapter:
-        return cls(EnvoySettings.parse(raw))
+        settings = EnvoySettings.parse(raw)
+        if not settings.endpoints:
+            raise InvalidInputError("adapter.settings.endpoints", {}, "must map DIP names to 'host:port'")
+        return cls(settings)
 
     def close(self) -> None:
         """Release the shared xDS server (stopped when its last adapter closes) and the admin client."""
@@ -358,7 +342,7 @@ class EnvoyAdapter:
         if unknown:
             raise InvalidInputError("weights", unknown, "DIPs missing from adapter.settings.endpoints")
         q = quantise(plan.weights, self.settings.resolution, low=1)
-        assignment = build_assignment(self.settings.cluster, self.settings.endpoints, q.weights)
+        assignment = build_assignment(self.settings.cluster, self.settings.endpoint_addresses, q.weights)
         validate_assignment(assignment, self.settings.cluster)
         return assignment, q.weights, q.error
 
@@ -389,7 +373,7 @@ class EnvoyAdapter:
         return result(True, lb_weights, error)
 
     def _apply_file(self, assignment: dict[str, Any], lb_weights: Mapping[str, int], version: str) -> str:
-        path = self.settings.eds_path
+        path = self.settings.eds_file
         assert path is not None
         text = json.dumps(discovery_response(assignment, version), indent=1, sort_keys=True)
         previous = path.read_text(encoding="utf-8") if path.exists() else None
@@ -461,7 +445,7 @@ class EnvoyAdapter:
         are absent). Raises ``EnvoyAdapterError`` if the admin API is unreachable."""
         if self.settings.admin is None:
             raise EnvoyAdapterError("adapter.settings.admin is not set: cannot ask Envoy")
-        url = f"http://{format_address(*self.settings.admin)}/clusters?format=json"
+        url = f"http://{self.settings.admin}/clusters?format=json"
         if self._http is None:
             # one client for the adapter's life: building one per call costs more than the call
             self._http = httpx.Client(timeout=2.0, trust_env=False)
@@ -471,7 +455,7 @@ class EnvoyAdapter:
             payload = response.json()
         except (httpx.HTTPError, ValueError) as exc:
             raise EnvoyAdapterError(f"Envoy admin API {url} unreachable: {exc}") from exc
-        return parse_admin_clusters(payload, self.settings.cluster, self.settings.endpoints)
+        return parse_admin_clusters(payload, self.settings.cluster, self.settings.endpoint_addresses)
 
     def read(self) -> dict[str, float]:
         """Fractions of traffic per configured DIP that Envoy uses now (0 for dropped DIPs).
@@ -487,16 +471,16 @@ class EnvoyAdapter:
 
     def check(self) -> CheckResult:
         detail = f"mode={self.settings.mode} cluster={self.settings.cluster}"
-        if self.settings.mode == "file":
-            assert self.settings.eds_path is not None
-            if not self.settings.eds_path.parent.is_dir():
-                return CheckResult(False, self.name, f"{detail}: directory {self.settings.eds_path.parent} missing")
-        else:
-            problem = self._start_server()
-            if problem:
-                return CheckResult(False, self.name, f"{detail}: {problem}")
-            assert self._server is not None
-            detail += f" xds={format_address(*self.settings.xds_listen)} streams={self._server.stream_count()}"
+        eds_file = self.settings.eds_file
+        if eds_file is not None and self.settings.mode == "file":
+            if not eds_file.parent.is_dir():
+                return CheckResult(False, self.name, f"{detail}: directory {eds_file.parent} missing")
+        elif self._server is not None and self._server.running:
+            detail += f" xds={self.settings.xds_listen} streams={self._server.stream_count()}"
+        elif self._listen_error:
+            return CheckResult(False, self.name, f"{detail}: the xDS server could not listen: {self._listen_error}")
+        else:  # checking starts nothing: the controller's process serves xDS
+            detail += f" xds={self.settings.xds_listen} (served by the controller)"
         if self.settings.admin is None:
             return CheckResult(True, self.name, f"{detail}; no admin address, weights cannot be read back")
         try:

@@ -42,12 +42,22 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
-from adapters.base import ApplyResult, CheckResult, quantise
+from pydantic import BeforeValidator, ConfigDict, Field
+
+from adapters.base import AdapterSettings, ApplyResult, CheckResult, parse_settings, quantise
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
 from knapsack_lb.model import WeightPlan
-from knapsack_lb.names import parse_address, validate_name
+from knapsack_lb.names import (
+    AbsolutePath,
+    Name,
+    format_address,
+    parse_address,
+    pydantic_rule,
+    validate_absolute_path,
+    validate_name,
+)
 
 MAX_WEIGHT = 256
 PROMPT = b"\n> "
@@ -56,6 +66,10 @@ UWEIGHT_COLUMN = 7  # 0-based index of srv_uweight in `show servers state` (colu
 
 class HAProxyError(KnapsackLBError):
     """The runtime API refused a command or could not be reached; the message says which."""
+
+
+class AdminConnectionLost(HAProxyError):
+    """The admin connection broke (reset, closed, timed out): a new one may still work."""
 
 
 @dataclass(frozen=True)
@@ -148,28 +162,43 @@ class RuntimeApi:
             while PROMPT not in self._buffer:
                 chunk = self._sock.recv(65536)
                 if not chunk:
-                    raise HAProxyError(f"HAProxy closed the admin connection after {line!r}")
+                    raise AdminConnectionLost(f"HAProxy closed the admin connection after {line!r}")
                 self._buffer += chunk
         except OSError as exc:
-            raise HAProxyError(f"admin socket error after {line!r}: {exc}") from exc
+            raise AdminConnectionLost(f"admin socket error after {line!r}: {exc}") from exc
         answer, _, self._buffer = self._buffer.partition(PROMPT)
         return answer.decode(errors="replace").strip("\n")
 
 
+def _socket_endpoint(field: str, value: object) -> str:
+    if isinstance(value, str) and value.startswith("/"):
+        return validate_absolute_path(field, value)
+    return format_address(*parse_address(field, value))
+
+
+class HAProxySettings(AdapterSettings):
+    """Settings of an HAProxy load balancer (the operator's, but for ``servers``)."""
+
+    model_config = ConfigDict(strict=True)
+    vip_fields: ClassVar[frozenset[str]] = frozenset({"servers"})
+
+    socket: Annotated[str, BeforeValidator(pydantic_rule(_socket_endpoint))] = Field(
+        description="Admin socket: an absolute UNIX socket path or host:port (stats socket ... level admin)."
+    )
+    backend: Name = Field(description="The backend whose servers get the weights.")
+    servers: dict[Name, Name] = Field(
+        default_factory=dict, description="DIP name -> server name (default: the server has the DIP's name)."
+    )
+    state_file: AbsolutePath | None = Field(
+        None, description="Where to dump 'show servers state' after each apply (the server-state-file), best effort."
+    )
+    timeout: float = Field(2.0, gt=0, le=60, description="Seconds per socket operation.")
+
+
 @dataclass
 class HAProxyAdapter:
-    """Pushes a ``WeightPlan`` into one HAProxy backend (see the module docstring).
-
-    Settings (``adapter.settings`` of the VIP):
-
-    * ``socket`` (required): admin socket, an absolute UNIX path or ``host:port`` for TCP;
-    * ``backend`` (required): the backend name;
-    * ``servers``: DIP name -> server name (default: the server has the DIP's name);
-    * ``state_file``: where to dump ``show servers state`` after each apply (the file named
-      by ``server-state-file``; only when the adapter runs on HAProxy's host). Default none:
-      then the reload script must dump it (``echo "show servers state" | socat ...``);
-    * ``timeout``: seconds per socket operation (default 2.0).
-    """
+    """Pushes a ``WeightPlan`` into one HAProxy backend (see the module docstring and
+    :class:`HAProxySettings`)."""
 
     socket_endpoint: str | tuple[str, int]
     backend: str
@@ -179,40 +208,16 @@ class HAProxyAdapter:
     last_error: str = ""
 
     name = "haproxy"
+    Settings: ClassVar[type[HAProxySettings]] = HAProxySettings
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any]) -> HAProxyAdapter:
-        known = {"socket", "backend", "servers", "state_file", "timeout"}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise InvalidInputError("adapter.settings", unknown, f"unknown keys; known: {sorted(known)}")
-        endpoint = raw.get("socket")
-        if not isinstance(endpoint, str) or not endpoint:
-            raise InvalidInputError("adapter.settings.socket", endpoint, "required: a UNIX socket path or host:port")
-        parsed: str | tuple[str, int]
-        if endpoint.startswith("/"):
-            if "\x00" in endpoint or "\n" in endpoint:
-                raise InvalidInputError("adapter.settings.socket", endpoint, "must be a plain absolute path")
-            parsed = endpoint
-        else:
-            parsed = parse_address("adapter.settings.socket", endpoint)
-        backend = validate_name("adapter.settings.backend", raw.get("backend"))
-        servers_raw = raw.get("servers", {})
-        if not isinstance(servers_raw, Mapping):
-            raise InvalidInputError("adapter.settings.servers", servers_raw, "must map DIP name -> server name")
-        servers = {
-            validate_name("adapter.settings.servers (DIP)", dip): validate_name(
-                f"adapter.settings.servers.{dip}", server
-            )
-            for dip, server in servers_raw.items()
-        }
-        state_file = raw.get("state_file")
-        if state_file is not None and (not isinstance(state_file, str) or not os.path.isabs(state_file)):
-            raise InvalidInputError("adapter.settings.state_file", state_file, "must be an absolute path")
-        timeout = raw.get("timeout", 2.0)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 60:
-            raise InvalidInputError("adapter.settings.timeout", timeout, "must be seconds in (0, 60]")
-        return cls(parsed, backend, servers, Path(state_file) if state_file else None, float(timeout))
+        settings = parse_settings(HAProxySettings, raw)
+        endpoint: str | tuple[str, int] = (
+            settings.socket if settings.socket.startswith("/") else parse_address("socket", settings.socket)
+        )
+        state_file = Path(settings.state_file) if settings.state_file else None
+        return cls(endpoint, settings.backend, dict(settings.servers), state_file, settings.timeout)
 
     # --- names ------------------------------------------------------------------------
 
@@ -253,11 +258,10 @@ class HAProxyAdapter:
                     wrong = {s: (now.get(s), w) for s, w in targets.items() if now.get(s) != w}
                     if wrong:
                         raise HAProxyError(f"verification failed (server: (runtime, sent)): {wrong}")
-                    if self.state_file is not None:
-                        self._dump_state(api)
                 except HAProxyError as exc:
                     restore_note = self._restore(api, {s: previous[s] for s in changed})
                     raise HAProxyError(f"{exc}; {restore_note}") from exc
+                warnings = self._save_state_best_effort(api)
         except HAProxyError as exc:
             return self._failed(started, str(exc))
         self.last_error = ""
@@ -267,6 +271,7 @@ class HAProxyAdapter:
             lb_weights=targets_by_dip,
             quantisation_error=error,
             seconds=time.perf_counter() - started,
+            warnings=warnings,
         )
 
     def read(self) -> dict[str, float]:
@@ -330,29 +335,93 @@ class HAProxyAdapter:
             raise HAProxyError(f"HAProxy refused weight {weight} for {self.backend}/{server}: {answer.strip()}")
 
     def _restore(self, api: RuntimeApi, previous: Mapping[str, int]) -> str:
+        """Send the previous weights back; a broken admin connection is replaced by a new one
+        (once), so a dropped connection mid-apply does not leave a partial plan."""
         problems: list[str] = []
-        for server, weight in sorted(previous.items()):
+        reconnected = False
+        pending = sorted(previous.items())
+        while pending:
+            server, weight = pending[0]
             try:
                 self._set_weight(api, server, weight)
+            except AdminConnectionLost as exc:
+                if reconnected:
+                    problems.append(str(exc))
+                    break
+                reconnected = True
+                try:
+                    return self._restore_on_new_connection(dict(pending), problems)
+                except HAProxyError as again:
+                    problems.append(f"{exc}; a new admin connection failed too: {again}")
+                    break
             except HAProxyError as exc:
                 problems.append(str(exc))
+            pending.pop(0)
         if problems:
             return f"restoring the previous weights also failed: {problems}"
         return f"previous weights restored: {dict(previous)}"
+
+    def _restore_on_new_connection(self, pending: Mapping[str, int], problems: list[str]) -> str:
+        with RuntimeApi.connect(self.socket_endpoint, self.timeout) as fresh:
+            for server, weight in sorted(pending.items()):
+                try:
+                    self._set_weight(fresh, server, weight)
+                except AdminConnectionLost:
+                    raise
+                except HAProxyError as exc:
+                    problems.append(str(exc))
+        if problems:
+            return f"restoring the previous weights (on a new admin connection) also failed: {problems}"
+        return f"previous weights restored on a new admin connection: {dict(pending)}"
+
+    def _save_state_best_effort(self, api: RuntimeApi) -> tuple[str, ...]:
+        """Dump the server state after a successful apply. The runtime weights are what matters;
+        a state file that cannot be written (read-only or full disk) is a warning, not a failure."""
+        if self.state_file is None:
+            return ()
+        try:
+            self._dump_state(api)
+        except AdminConnectionLost as exc:
+            return (f"server state file not written (admin connection lost): {exc}",)
+        except HAProxyError as exc:
+            return (str(exc),)
+        return ()
 
     def _dump_state(self, api: RuntimeApi) -> None:
         assert self.state_file is not None
         answer = api.command("show servers state")
         if not answer.startswith("1"):
             raise HAProxyError(f"'show servers state' failed: {answer.strip()!r}")
-        directory = self.state_file.parent
+        self._refuse_foreign_state_file()
+        tmp: str | None = None
         try:
-            fd, tmp = tempfile.mkstemp(prefix=".klb-state-", dir=directory)
+            fd, tmp = tempfile.mkstemp(prefix=".klb-state-", dir=self.state_file.parent)
             with os.fdopen(fd, "w") as handle:
                 handle.write(answer.rstrip("\n") + "\n")
             os.replace(tmp, self.state_file)
+            tmp = None
         except OSError as exc:
             raise HAProxyError(f"cannot write the server state file {self.state_file}: {exc}") from exc
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+
+    def _refuse_foreign_state_file(self) -> None:
+        """Never replace a file that is not an HAProxy server state file (its first line is the
+        format version, ``1``): a wrong path in the configuration must not destroy another file."""
+        assert self.state_file is not None
+        try:
+            with self.state_file.open("rb") as handle:
+                first = handle.readline(64).strip()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise HAProxyError(f"cannot read the server state file {self.state_file}: {exc}") from exc
+        if first not in (b"1", b""):
+            raise HAProxyError(
+                f"{self.state_file} is not an HAProxy server state file (first line {first[:20]!r}); not replaced"
+            )
 
     def _failed(self, started: float, reason: str) -> ApplyResult:
         self.last_error = reason

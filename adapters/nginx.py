@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -40,13 +41,23 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
 
-from adapters.base import ApplyResult, CheckResult, quantise
+from pydantic import BeforeValidator, ConfigDict, Field
+
+from adapters.base import AdapterSettings, ApplyResult, CheckResult, parse_settings, quantise
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
-from knapsack_lb.lab.procs import require_binary
-from knapsack_lb.model import WeightPlan
-from knapsack_lb.names import format_address, parse_address, validate_name
+from knapsack_lb.model import DipConfig, WeightPlan
+from knapsack_lb.names import (
+    AbsolutePath,
+    Address,
+    Name,
+    format_address,
+    parse_address,
+    pydantic_rule,
+    validate_absolute_path,
+    validate_name,
+)
 
 METHODS = {"round_robin": "", "least_conn": "least_conn;", "random": "random;", "random_two": "random two;"}
 SERVER_LINE = re.compile(
@@ -108,6 +119,19 @@ def parse_upstream(text: str, servers: Mapping[str, str]) -> dict[str, int]:
 OLD_WORKER_GRACE = 2.0
 
 
+def require_nginx_master(pid: int) -> None:
+    """Refuse to signal ``pid`` unless it is an Nginx master process (``nginx: master process``
+    in /proc/<pid>/cmdline): a stale or wrong pid file must never make the adapter signal
+    another process."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError as exc:
+        raise NginxError(f"pid {pid} from the pid file is not a running process: {exc}") from exc
+    if not cmdline.startswith(b"nginx: master process"):
+        shown = cmdline.replace(b"\0", b" ").strip()[:60].decode(errors="replace")
+        raise NginxError(f"pid {pid} from the pid file is not an Nginx master ({shown!r}); not signalled")
+
+
 def worker_pids(master: int) -> set[int]:
     """PIDs whose parent is ``master`` (from /proc; empty where /proc is missing)."""
     with contextlib.suppress(OSError, ValueError):
@@ -129,34 +153,66 @@ def worker_pids(master: int) -> set[int]:
     return found
 
 
-def _absolute(field: str, value: object, required: bool = True) -> Path | None:
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or not os.path.isabs(value) or any(c in value for c in "\x00\n\r;"):
-        raise InvalidInputError(field, value, "must be an absolute path without ';' or newlines")
-    return Path(value)
+NGINX_BINARY = re.compile(r"^nginx(-[a-z]+)?$")
+MANAGED_MARKER = b"# written by knapsack-lb"
+
+
+def find_nginx() -> str:
+    """The ``nginx`` executable on PATH or in the sbin directories."""
+    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/local/sbin"])
+    found = shutil.which("nginx", path=search)
+    if found is None:
+        raise NginxError("nginx is not installed (no 'nginx' on PATH or in /usr/sbin)")
+    return found
+
+
+def _nginx_binary(field: str, value: object) -> str:
+    path = validate_absolute_path(field, value)
+    if not NGINX_BINARY.fullmatch(os.path.basename(path)):
+        raise InvalidInputError(field, value, "must be an Nginx executable (named nginx or nginx-<flavour>)")
+    return path
+
+
+class NginxSettings(AdapterSettings):
+    """Settings of an Nginx load balancer (the operator's, but for ``servers``)."""
+
+    model_config = ConfigDict(strict=True)
+    vip_fields: ClassVar[frozenset[str]] = frozenset({"servers"})
+
+    include_file: AbsolutePath = Field(
+        description="The file holding only this upstream block, included inside http {} (or stream {}); "
+        "the adapter never replaces a file it did not write."
+    )
+    config: AbsolutePath = Field(description="The main configuration file (nginx -t -c).")
+    upstream: Name = Field(description="The upstream's name.")
+    servers: dict[Name, Address] = Field(
+        default_factory=dict, description="DIP name -> host:port (default: each DIP's own address)."
+    )
+    prefix: AbsolutePath | None = Field(None, description="nginx -p (default: the compiled-in prefix).")
+    error_log: AbsolutePath | None = Field(None, description="nginx -e for the test and reload commands.")
+    pid_file: AbsolutePath | None = Field(
+        None, description="The master's pid file; reload by SIGHUP to it (default: nginx -s reload). Only a "
+        "process that is an Nginx master is ever signalled."
+    )
+    method: Literal["round_robin", "least_conn", "random", "random_two"] = Field(
+        "round_robin", description="Balancing method of the upstream (random_two ignores weights at low concurrency)."
+    )
+    keepalive: int = Field(0, ge=0, le=10_000, description="Idle upstream connections per worker (0: none).")
+    resolution: int = Field(1000, ge=1, le=1_000_000, description="The integer weights sum to about this.")
+    reload_timeout: float = Field(10.0, gt=0, le=300, description="Seconds for nginx -t, the reload and new workers.")
+    binary: Annotated[str, BeforeValidator(pydantic_rule(_nginx_binary))] | None = Field(
+        None, description="The nginx executable (default: nginx on PATH); must be named nginx."
+    )
+
+    @classmethod
+    def defaults_for(cls, dips: Sequence[DipConfig]) -> dict[str, Any]:
+        return {"servers": {d.name: d.address for d in dips}}
 
 
 @dataclass
 class NginxAdapter:
-    """Pushes a ``WeightPlan`` into one Nginx ``upstream`` (see the module docstring).
-
-    Settings (``adapter.settings`` of the VIP):
-
-    * ``include_file`` (required): the file holding only this upstream block, included by the
-      main configuration inside ``http {}`` (or ``stream {}``);
-    * ``config`` (required): the main configuration file (``nginx -t -c``);
-    * ``upstream`` (required): the upstream's name;
-    * ``servers`` (required): DIP name -> ``host:port``;
-    * ``prefix``: ``nginx -p`` (default: Nginx's compiled-in prefix);
-    * ``error_log``: ``nginx -e`` for the test and reload commands (default: compiled-in);
-    * ``pid_file``: the master's pid file; reload by SIGHUP to it (default: ``nginx -s reload``);
-    * ``method``: ``round_robin`` (default), ``least_conn``, ``random``, ``random_two`` (the last
-      ignores weights at low concurrency);
-    * ``keepalive``: idle upstream connections per worker (default 0: none);
-    * ``resolution``: the integer weights sum to about this (default 1000);
-    * ``reload_timeout``: seconds to wait for ``nginx -t``/reload and new workers (default 10).
-    """
+    """Pushes a ``WeightPlan`` into one Nginx ``upstream`` (see the module docstring and
+    :class:`NginxSettings`)."""
 
     include_file: Path
     config: Path
@@ -174,66 +230,21 @@ class NginxAdapter:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     name = "nginx"
+    Settings: ClassVar[type[NginxSettings]] = NginxSettings
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any]) -> NginxAdapter:
-        known = {
-            "include_file",
-            "config",
-            "upstream",
-            "servers",
-            "prefix",
-            "error_log",
-            "pid_file",
-            "method",
-            "keepalive",
-            "resolution",
-            "reload_timeout",
-            "binary",
-        }
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise InvalidInputError("adapter.settings", unknown, f"unknown keys; known: {sorted(known)}")
-        include_file = _absolute("adapter.settings.include_file", raw.get("include_file"))
-        config = _absolute("adapter.settings.config", raw.get("config"))
-        assert include_file is not None and config is not None
-        upstream = validate_name("adapter.settings.upstream", raw.get("upstream"))
-        servers_raw = raw.get("servers")
-        if not isinstance(servers_raw, Mapping) or not servers_raw:
-            raise InvalidInputError("adapter.settings.servers", servers_raw, "required: DIP name -> 'host:port'")
-        servers: dict[str, str] = {}
-        for dip, address in servers_raw.items():
-            validate_name("adapter.settings.servers (DIP)", dip)
-            host, port = parse_address(f"adapter.settings.servers.{dip}", address)
-            servers[dip] = format_address(host, port)
-        method = raw.get("method", "round_robin")
-        if method not in METHODS:
-            raise InvalidInputError("adapter.settings.method", method, f"must be one of {sorted(METHODS)}")
-        keepalive = raw.get("keepalive", 0)
-        if isinstance(keepalive, bool) or not isinstance(keepalive, int) or not 0 <= keepalive <= 10_000:
-            raise InvalidInputError("adapter.settings.keepalive", keepalive, "must be an integer in 0-10000")
-        resolution = raw.get("resolution", 1000)
-        if isinstance(resolution, bool) or not isinstance(resolution, int) or not 1 <= resolution <= 1_000_000:
-            raise InvalidInputError("adapter.settings.resolution", resolution, "must be an integer in 1-1000000")
-        reload_timeout = raw.get("reload_timeout", 10.0)
-        if isinstance(reload_timeout, bool) or not isinstance(reload_timeout, (int, float)) or reload_timeout <= 0:
-            raise InvalidInputError("adapter.settings.reload_timeout", reload_timeout, "must be seconds > 0")
-        binary = raw.get("binary", "")
-        if binary:
-            _absolute("adapter.settings.binary", binary)
+        s = parse_settings(NginxSettings, raw)
+        if not s.servers:
+            raise InvalidInputError("adapter.settings.servers", {}, "required: DIP name -> 'host:port'")
+
+        def path(value: str | None) -> Path | None:
+            return None if value is None else Path(value)
+
         return cls(
-            include_file=include_file,
-            config=config,
-            upstream=upstream,
-            servers=servers,
-            prefix=_absolute("adapter.settings.prefix", raw.get("prefix"), required=False),
-            error_log=_absolute("adapter.settings.error_log", raw.get("error_log"), required=False),
-            pid_file=_absolute("adapter.settings.pid_file", raw.get("pid_file"), required=False),
-            method=method,
-            keepalive=keepalive,
-            resolution=resolution,
-            reload_timeout=float(reload_timeout),
-            binary=str(binary),
+            include_file=Path(s.include_file), config=Path(s.config), upstream=s.upstream, servers=dict(s.servers),
+            prefix=path(s.prefix), error_log=path(s.error_log), pid_file=path(s.pid_file), method=s.method,
+            keepalive=s.keepalive, resolution=s.resolution, reload_timeout=s.reload_timeout, binary=s.binary or "",
         )
 
     # --- protocol -----------------------------------------------------------------------------
@@ -300,6 +311,11 @@ class NginxAdapter:
             previous = None
         except OSError as exc:
             raise NginxError(f"cannot read the current include file {self.include_file}: {exc}") from exc
+        if previous and not previous.startswith(MANAGED_MARKER):
+            raise NginxError(
+                f"{self.include_file} was not written by knapsack-lb (its first line is not "
+                f"{MANAGED_MARKER.decode()!r}); it is not replaced: point include_file at a file of its own"
+            )
         self._write_atomic(text.encode())
         try:
             self._test_config()
@@ -332,7 +348,7 @@ class NginxAdapter:
             self._write_atomic(previous)
 
     def _base_argv(self) -> list[str]:
-        argv = [self.binary or require_binary("nginx")]
+        argv = [self.binary or find_nginx()]
         if self.prefix is not None:
             argv += ["-p", str(self.prefix)]
         if self.error_log is not None:
@@ -358,9 +374,11 @@ class NginxAdapter:
         if self.pid_file is None:
             return None
         try:
-            return int(self.pid_file.read_text().strip())
+            pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError) as exc:
             raise NginxError(f"cannot read the Nginx pid file {self.pid_file}: {exc}") from exc
+        require_nginx_master(pid)
+        return pid
 
     def _reload(self) -> None:
         master = self._master_pid()

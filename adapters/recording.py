@@ -4,16 +4,27 @@ simulator, where the "load balancer" is a Python object."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
-from adapters.base import ApplyResult, CheckResult, quantise
+from pydantic import ConfigDict, Field
+
+from adapters.base import AdapterSettings, ApplyResult, CheckResult, parse_settings, quantise
 from knapsack_lb.model import WeightPlan
+
+
+class RecordingSettings(AdapterSettings):
+    """Settings of the recording adapter."""
+
+    model_config = ConfigDict(strict=True)
+
+    resolution: int = Field(10_000, ge=1, le=1_000_000_000, description="Integer weight units per plan.")
 
 
 class RecordingAdapter:
     """Keeps every applied plan; ``fail_next`` makes the next ``apply`` fail (fault tests)."""
 
     name = "recording"
+    Settings: ClassVar[type[RecordingSettings]] = RecordingSettings
 
     def __init__(self, resolution: int = 10_000) -> None:
         self.resolution = resolution
@@ -23,12 +34,7 @@ class RecordingAdapter:
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any]) -> RecordingAdapter:
-        resolution = raw.get("resolution", 10_000)
-        if not isinstance(resolution, int) or resolution < 1:
-            from knapsack_lb.errors import InvalidInputError
-
-            raise InvalidInputError("adapter.settings.resolution", resolution, "must be an integer >= 1")
-        return cls(resolution=resolution)
+        return cls(resolution=parse_settings(RecordingSettings, raw).resolution)
 
     def apply(self, plan: WeightPlan) -> ApplyResult:
         if self.fail_next is not None:

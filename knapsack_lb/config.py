@@ -23,7 +23,8 @@ import os
 import socket
 import types
 import typing
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,6 +35,7 @@ from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.model import VipConfig
 from knapsack_lb.names import validate_host, validate_name
+from knapsack_lb.plugins import ADAPTERS, load_plugin, validate_settings
 
 DEFAULT_TOKEN_ENV = "KLB_API_TOKEN"
 
@@ -45,7 +47,7 @@ class ConfigError(InvalidInputError):
 class RedisSettings(BaseModel):
     """Where the latency store lives and how much history it keeps (KnapsackLB section 5)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     url: str = Field(
         "redis://127.0.0.1:6379/0",
@@ -82,7 +84,7 @@ class ProbeWorkerSettings(BaseModel):
     """The probe worker (the paper's KLM, section 5). Per-VIP probe URL, N and interval are in
     each VIP's ``probe`` block; these are the worker's own settings."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     enabled: bool = Field(True, description="Run a probe worker inside `klb run` (bool). Default true.")
     worker_id: str | None = Field(
@@ -117,7 +119,7 @@ class ProbeWorkerSettings(BaseModel):
 class ApiSettings(BaseModel):
     """The admin API (FastAPI) and its dashboard."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     enabled: bool = Field(True, description="Serve the admin API inside `klb run` (bool). Default true.")
     host: str = Field(
@@ -139,6 +141,21 @@ class ApiSettings(BaseModel):
     )
     dashboard_refresh: float = Field(
         5.0, ge=0, le=3600, description="Seconds between dashboard refreshes in the browser (0 = never). Default 5."
+    )
+    max_body_bytes: int = Field(
+        1_048_576, ge=1024, le=64 * 1_048_576, description="Largest request body accepted; larger ones get 413 "
+        "(bytes). Default 1048576 (1 MiB)."
+    )
+    max_header_bytes: int = Field(
+        16_384, ge=1024, le=1_048_576, description="Largest sum of request header lines accepted; more gets 431 "
+        "(bytes). Default 16384."
+    )
+    max_dips_per_vip: int = Field(
+        5000, ge=1, le=1_000_000, description="Most DIPs one VIP may have through the API (count). Default 5000."
+    )
+    dip_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = Field(
+        (), description="When set, DIP addresses written through the API must be IP literals inside one of these "
+        "networks (CIDR list): the token cannot point a load balancer at other hosts. Default: any address."
     )
 
     @field_validator("host")
@@ -194,10 +211,78 @@ def require_safe_listen(host: str, token: str | None) -> None:
         )
 
 
+class LoadBalancerConfig(BaseModel):
+    """A load balancer the operator lets knapsack-lb program: its adapter and that adapter's settings.
+
+    Everything that names a binary, a file, a socket, a listen address, a URL or an environment
+    variable lives here, in the file the operator owns; VIPs (also those written through the
+    admin API) select a load balancer by name and may set only the adapter's ``vip_fields``.
+    Validation builds nothing: no connection, no listener, no file written, no variable read.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    adapter: str = Field(description="Adapter entry point (group knapsack_lb.adapters): haproxy, nginx, envoy, "
+                         "powerdns, recording or a third party's.")
+    settings: dict[str, Any] = Field(default_factory=dict, description="The adapter's settings (docs/adapters.md).")
+
+    @field_validator("adapter")
+    @classmethod
+    def _adapter(cls, value: str) -> str:
+        return validate_name("adapter", value)
+
+    @model_validator(mode="after")
+    def _settings_valid(self) -> LoadBalancerConfig:
+        validate_settings(adapter_settings_model(self.adapter), self.settings, "settings")
+        return self
+
+
+def adapter_settings_model(adapter: str) -> type[BaseModel]:
+    """The settings model of the adapter registered as ``adapter`` (entry point group knapsack_lb.adapters)."""
+    cls = load_plugin(ADAPTERS, adapter, "adapter")
+    model = getattr(cls, "Settings", None)
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise InvalidInputError("adapter", adapter, "this adapter declares no Settings model (pydantic)")
+    return model
+
+
+def adapter_settings_for(
+    load_balancers: Mapping[str, LoadBalancerConfig], vip: VipConfig
+) -> tuple[str, dict[str, Any]]:
+    """The adapter name and the merged, validated settings that push ``vip``'s plans: the DIPs'
+    defaults (e.g. their addresses), then the operator's load balancer, then the VIP's own part.
+
+    :class:`InvalidInputError` names ``adapter.lb`` (no such load balancer) or
+    ``adapter.settings.<field>`` (a field the VIP may not set, or a bad value)."""
+    spec = vip.adapter
+    if spec.lb is None:
+        raise InvalidInputError("adapter.lb", None, "the VIP selects no load balancer: plans cannot be pushed")
+    lb = load_balancers.get(spec.lb)
+    if lb is None:
+        raise InvalidInputError(
+            "adapter.lb", spec.lb, f"no such load balancer in the configuration file; defined: {sorted(load_balancers)}"
+        )
+    model = adapter_settings_model(lb.adapter)
+    allowed: frozenset[str] = getattr(model, "vip_fields", frozenset())
+    for key in spec.settings:
+        if key not in allowed:
+            raise InvalidInputError(
+                f"adapter.settings.{key}", "<not shown>", f"is operator-owned: set it in load_balancers.{spec.lb}."
+                f"settings of the configuration file; a VIP may set only {sorted(allowed)}",
+            )
+    defaults_for = getattr(model, "defaults_for", None)
+    defaults: dict[str, Any] = defaults_for(vip.dips) if callable(defaults_for) else {}
+    merged = {**defaults, **lb.settings, **spec.settings}
+    validate_settings(model, merged, "adapter.settings")
+    return lb.adapter, merged
+
+
 class LoggingSettings(BaseModel):
     """Structured logs on standard error."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, allow_inf_nan=False, validate_by_name=True, validate_by_alias=True
+    )
 
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="Lowest level written (DEBUG, INFO, WARNING, ERROR). Default INFO."
@@ -210,9 +295,13 @@ class LoggingSettings(BaseModel):
 class KlbConfig(BaseModel):
     """The whole configuration file."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     redis: RedisSettings = Field(default_factory=RedisSettings, description="The latency store.")
+    load_balancers: dict[str, LoadBalancerConfig] = Field(
+        default_factory=dict, description="The load balancers knapsack-lb may program, by name (operator-owned: the "
+        "admin API can only select one for a VIP)."
+    )
     vips: tuple[VipConfig, ...] = Field(
         default=(), description="VIPs with their DIPs, probe spec and adapter (see the VIP fields below)."
     )
@@ -226,17 +315,40 @@ class KlbConfig(BaseModel):
     api: ApiSettings = Field(default_factory=ApiSettings, description="The admin API.")
     logging: LoggingSettings = Field(default_factory=LoggingSettings, description="Logging.")
 
+    @field_validator("load_balancers")
+    @classmethod
+    def _lb_names(cls, value: dict[str, LoadBalancerConfig]) -> dict[str, LoadBalancerConfig]:
+        for name in value:
+            validate_name("load_balancers", name)
+        return value
+
     @model_validator(mode="after")
-    def _unique_vips(self) -> KlbConfig:
+    def _consistent(self) -> KlbConfig:
         names = [v.name for v in self.vips]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
+        if len(set(names)) != len(names):
+            duplicates = sorted(name for name, count in Counter(names).items() if count > 1)
             raise ValueError(f"vips: duplicate VIP names {duplicates}")
+        for index, vip in enumerate(self.vips):
+            if vip.adapter.lb is None:
+                continue
+            try:
+                adapter_settings_for(self.load_balancers, vip)
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"vips.{index}.{exc.field}", exc.value, exc.problem) from None
         return self
 
 
-def _error_path(error: Any) -> str:
-    return ".".join(str(part) for part in error["loc"]) or "<root>"
+def error_field(error: Any) -> tuple[str, object]:
+    """The dotted path and the value a pydantic error is about. A validator that raised
+    :class:`InvalidInputError` adds the field it named below the error's location
+    (``load_balancers.web`` + ``settings.binary``)."""
+    path = ".".join(str(part) for part in error["loc"])
+    inner = (error.get("ctx") or {}).get("error")
+    if isinstance(inner, InvalidInputError) and inner.field:
+        if not path.endswith(inner.field.split(".")[-1]):
+            path = f"{path}.{inner.field}" if path else inner.field
+        return path, inner.value
+    return path or "<root>", error.get("input")
 
 
 def error_message(error: Any) -> str:
@@ -259,7 +371,8 @@ def parse_config(raw: object, source: str = "<config>") -> KlbConfig:
         first = exc.errors()[0]
         others = len(exc.errors()) - 1
         more = f" (and {others} more problem{'s' if others > 1 else ''})" if others else ""
-        raise ConfigError(_error_path(first), first.get("input"), f"{source}: {error_message(first)}{more}") from exc
+        field, value = error_field(first)
+        raise ConfigError(field, value, f"{source}: {error_message(first)}{more}") from exc
     except InvalidInputError as exc:  # raised by shared validators inside nested models
         raise ConfigError(exc.field, exc.value, f"{source}: {exc.problem}") from exc
 

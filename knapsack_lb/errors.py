@@ -6,6 +6,17 @@ can fix the input without reading the code.
 
 from __future__ import annotations
 
+SHORT_REPR_LIMIT = 120
+
+
+def short_repr(value: object, limit: int = SHORT_REPR_LIMIT) -> str:
+    """``repr(value)``, cut to ``limit`` characters with the original length noted: error
+    messages and logs name a bad value without echoing megabytes of it."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
 
 class KnapsackLBError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -20,7 +31,7 @@ class InvalidInputError(KnapsackLBError, ValueError):
         self.problem = problem
         self.dip = dip
         where = f"DIP {dip!r}, field {field!r}" if dip is not None else f"field {field!r}"
-        super().__init__(f"{where}: {problem} (got {value!r})")
+        super().__init__(f"{where}: {problem} (got {short_repr(value)})")
 
 
 class InfeasibleError(KnapsackLBError):

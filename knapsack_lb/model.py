@@ -9,16 +9,24 @@ YAML files, the admin API and the store.
 from __future__ import annotations
 
 import math
+import re
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.errors import InvalidInputError, short_repr
 from knapsack_lb.names import parse_address, validate_name
 
 WEIGHT_SUM_TOLERANCE = 1e-9
+# What an HTTP/1.1 client can send as is (RFC 3986 path characters, RFC 9110 tokens and field values)
+PROBE_PATH = re.compile(r"^/[!#$%&()*+,\-./0-9:;=?@A-Z\[\]_a-z~]{0,2047}$")
+HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,64}$")
+HEADER_VALUE = re.compile(r"^[\t\x20-\x7e]{0,1024}$")
+FRAMING_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "upgrade", "expect"})
+MAX_PROBE_HEADERS = 32
 
 Objective = Literal["mean", "sum", "max"]
 
@@ -162,7 +170,7 @@ class Measurement:
 class ProbeSpec(BaseModel):
     """How probes measure a VIP's DIPs (section 5, KLM)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     method: Literal["GET", "HEAD", "POST"] = Field("GET", description="HTTP method of a probe request.")
     path: str = Field("/", description="Request path (and query) sent to each DIP, starting with '/'.")
@@ -175,23 +183,36 @@ class ProbeSpec(BaseModel):
     @field_validator("path")
     @classmethod
     def _path(cls, value: str) -> str:
-        if not value.startswith("/") or any(c in value for c in " \r\n\t\"'\\"):
-            raise ValueError(f"path must start with '/' and contain no spaces, quotes or newlines: {value!r}")
+        if not PROBE_PATH.fullmatch(value):
+            raise ValueError(
+                f"path must start with '/' and hold only printable ASCII without spaces, quotes, '<>\\^`{{|}}' "
+                f"(percent-encode the rest): {short_repr(value)}"
+            )
         return value
 
     @field_validator("headers")
     @classmethod
     def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > MAX_PROBE_HEADERS:
+            raise ValueError(f"at most {MAX_PROBE_HEADERS} headers, got {len(value)}")
         for name, text in value.items():
-            if not name or any(c in name for c in " :\r\n\t") or any(c in text for c in "\r\n"):
-                raise ValueError(f"header {name!r}: names need no spaces or ':', values no newlines")
+            if not HEADER_NAME.fullmatch(name):
+                raise ValueError(
+                    f"header name {short_repr(name)} must be an HTTP token (letters, digits, !#$%&'*+-.^_`|~)"
+                )
+            if name.lower() in FRAMING_HEADERS:
+                raise ValueError(f"header {name!r} is set by the probe client itself")
+            if not HEADER_VALUE.fullmatch(text):
+                raise ValueError(
+                    f"header {name!r}: the value must be printable ASCII (and tab), at most 1024 characters"
+                )
         return value
 
 
 class DipConfig(BaseModel):
     """One backend (DIP) of a VIP."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(description="Identifier used in keys, plans and LB configs (letters, digits, . _ -).")
     address: str = Field(description="'host:port' (IPv6 as '[::1]:80') that probes reach directly.")
@@ -215,17 +236,39 @@ class DipConfig(BaseModel):
 
 
 class AdapterSpec(BaseModel):
-    """Which load balancer the VIP's weights go to, and that adapter's settings."""
+    """Which of the operator's load balancers takes the VIP's weights, and the VIP's part of its settings.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    The load balancers themselves (adapter, sockets, files, binaries, URLs, secrets) are the
+    operator's: they are defined in the configuration file's ``load_balancers`` section and can
+    never be written through the admin API. A VIP picks one by name and may set only the fields
+    that adapter lets a VIP set (``vip_fields``: the DIP-to-server mapping).
+    """
 
-    name: str = Field("recording", description="Adapter entry point in group 'knapsack_lb.adapters'.")
-    settings: dict[str, Any] = Field(default_factory=dict, description="Adapter-specific settings.")
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    @field_validator("name")
+    lb: str | None = Field(
+        None, description="Name of a load balancer in the configuration file's load_balancers section. None: plans "
+        "are computed and stored but pushed nowhere."
+    )
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="The VIP's part of the load balancer's settings (only the adapter's "
+        "vip_fields, e.g. servers: DIP name -> server)."
+    )
+
+    @model_validator(mode="before")
     @classmethod
-    def _name(cls, value: str) -> str:
-        return validate_name("adapter.name", value)
+    def _no_inline_adapter(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "name" in data:
+            raise InvalidInputError(
+                "name", data["name"], "a VIP cannot name an adapter and its settings: load balancers are defined by "
+                "the operator under load_balancers in the configuration file; select one with adapter.lb",
+            )
+        return data
+
+    @field_validator("lb")
+    @classmethod
+    def _lb(cls, value: str | None) -> str | None:
+        return None if value is None else validate_name("adapter.lb", value)
 
 
 class VipConfig(BaseModel):
@@ -235,7 +278,7 @@ class VipConfig(BaseModel):
     and persisted in the store; the controller honours them on its next step.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(description="VIP identifier (letters, digits, . _ -).")
     dips: tuple[DipConfig, ...] = Field(default=(), description="Backends behind the VIP.")
@@ -255,10 +298,10 @@ class VipConfig(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> VipConfig:
         names = [dip.name for dip in self.dips]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"dips: duplicate DIP names {duplicates}")
         known = set(names)
+        if len(known) != len(names):
+            duplicates = sorted(name for name, count in Counter(names).items() if count > 1)
+            raise ValueError(f"dips: duplicate DIP names {duplicates[:10]}")
         for dip, weight in self.pins.items():
             if dip not in known:
                 raise ValueError(f"pins: unknown DIP {dip!r}")

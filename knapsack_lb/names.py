@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable
+from typing import Annotated
+
+from pydantic import BeforeValidator, ValidationInfo
 
 from knapsack_lb.errors import InvalidInputError
 
@@ -72,3 +76,41 @@ def parse_address(field: str, value: object) -> tuple[str, int]:
 def format_address(host: str, port: int) -> str:
     """Inverse of :func:`parse_address`: brackets IPv6 literals."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def validate_absolute_path(field: str, value: object) -> str:
+    """Return ``value`` if it is an absolute path with nothing a shell, a config file or a
+    command line could read as a separator: no whitespace, ``;``, quotes, NUL or control
+    characters, no ``..`` component."""
+    if (
+        not isinstance(value, str)
+        or not value.startswith("/")
+        or any(c.isspace() or c in ";'\"\\`$\x00" or ord(c) < 32 or ord(c) == 127 for c in value)
+        or ".." in value.split("/")
+    ):
+        raise InvalidInputError(
+            field, value, "must be an absolute path without whitespace, quotes, ';', '$', '..' or control characters"
+        )
+    return value
+
+
+def pydantic_rule(check: Callable[[str, object], object]) -> Callable[[object, ValidationInfo], object]:
+    """A pydantic ``BeforeValidator`` function from one of the checks above (its message kept)."""
+
+    def run(value: object, info: ValidationInfo) -> object:
+        try:
+            return check(info.field_name or "value", value)
+        except InvalidInputError as exc:
+            raise ValueError(exc.problem) from None
+
+    return run
+
+
+def _address(field: str, value: object) -> str:
+    return format_address(*parse_address(field, value))
+
+
+# pydantic field types with the rules above (settings models of adapters and configuration)
+Name = Annotated[str, BeforeValidator(pydantic_rule(validate_name))]
+Address = Annotated[str, BeforeValidator(pydantic_rule(_address))]
+AbsolutePath = Annotated[str, BeforeValidator(pydantic_rule(validate_absolute_path))]

@@ -188,6 +188,22 @@ def _chunked_length(buffer: bytearray, start: int) -> int | None:
             return None
 
 
+def request_head(method: str, path: str, host: str, port: int, headers: dict[str, str]) -> bytes:
+    """The request's head, sent as is on every probe. A user ``Host`` or ``User-Agent`` header
+    replaces the default rather than being sent twice (a second ``Host`` makes servers answer 400);
+    headers are ASCII by the configuration's rules (:class:`knapsack_lb.model.ProbeSpec`)."""
+    given = {name.lower() for name in headers}
+    lines = [f"{method} {path} HTTP/1.1"]
+    if "host" not in given:
+        lines.append(f"Host: {format_address(host, port)}")
+    if "user-agent" not in given:
+        lines.append("User-Agent: klb-probe")
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    if method == "POST" and "content-length" not in given:
+        lines.append("Content-Length: 0")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
+
+
 class KeepAliveClient:
     """One kept-alive HTTP/1.1 connection to one DIP, one request at a time.
 
@@ -208,11 +224,7 @@ class KeepAliveClient:
         self.timeout = timeout
         self.head_request = method == "HEAD"
         self.kernel_timestamps = kernel_timestamps
-        lines = [f"{method} {path} HTTP/1.1", f"Host: {format_address(host, port)}", "User-Agent: klb-probe"]
-        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
-        if method == "POST" and not any(k.lower() == "content-length" for k in headers or {}):
-            lines.append("Content-Length: 0")
-        self._request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        self._request = request_head(method, path, host, port, headers or {})
         self._connection: _Connection | None = None
         self.connects = 0
         self.responses = 0

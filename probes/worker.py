@@ -51,7 +51,7 @@ from knapsack_lb.clock import Clock, SystemClock
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.model import Measurement, VipConfig
 from knapsack_lb.names import validate_name
-from knapsack_lb.store import LatencyStore
+from knapsack_lb.store import PROBE_STATUS, LatencyStore
 from probes.assignment import assigned_to
 from probes.buffer import RoundBuffer
 from probes.http_client import KeepAliveClient, ProbeConnectionError, ProbeTimeout
@@ -61,7 +61,7 @@ from probes.targets import ProbeTarget, build_targets
 log = logging.getLogger(__name__)
 
 PROBE_GROUP = "probes"
-STATUS_COMPONENT = "probe"
+STATUS_COMPONENT = PROBE_STATUS
 
 
 def vip_group(group: str, vip: str) -> str:

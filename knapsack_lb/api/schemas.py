@@ -68,7 +68,7 @@ class VipSummary(BaseModel):
     dry_run: bool
     pins: dict[str, float] = Field(description="DIP -> pinned weight.")
     drained: list[str] = Field(description="DIPs held at weight 0.")
-    adapter: str = Field(description="Adapter name.")
+    adapter: str | None = Field(description="The load balancer the VIP selects (None: plans are pushed nowhere).")
     plan_version: int | None = Field(description="Version of the current plan; null before the first.")
 
 
@@ -195,13 +195,13 @@ class StatusOut(BaseModel):
 
 
 class DryRunIn(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     enabled: bool = Field(description="true: compute and store plans but push nothing to the LB.")
 
 
 class PinIn(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     weight: float = Field(ge=0, le=1, allow_inf_nan=False, description="Fixed weight of the DIP (fraction).")
 

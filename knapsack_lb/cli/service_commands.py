@@ -103,20 +103,32 @@ async def _check_dips(config: KlbConfig) -> list[CheckItem]:
 
 
 async def _check_adapters(config: KlbConfig) -> list[CheckItem]:
-    from adapters.base import make_adapter
+    """Each VIP's load balancer, through its adapter's read-only ``check`` (the operator's binaries
+    in read-only modes only, e.g. ``nginx -t``; nothing is written, signalled or started)."""
+    from knapsack_lb.service.adapters import adapter_factory, close_adapter
 
+    build = adapter_factory(config.load_balancers)
     items = []
     for vip in config.vips:
         what = f"lb {vip.name}"
+        target = vip.adapter.lb or "-"
+        if vip.adapter.lb is None:
+            items.append(CheckItem(what, target, False, "the VIP selects no load balancer (adapter.lb): its plans "
+                                   "would be pushed nowhere"))
+            continue
         try:
-            adapter = make_adapter(vip.adapter.name, vip.adapter.settings)
+            adapter = build(vip)
+        except InvalidInputError as exc:
+            items.append(CheckItem(what, target, False, str(exc)))
+            continue
+        try:
             result = await asyncio.wait_for(asyncio.to_thread(adapter.check), timeout=15.0)
             detail = result.detail or ("ok" if result.ok else "check failed")
-            items.append(CheckItem(what, vip.adapter.name, bool(result.ok), detail))
-        except InvalidInputError as exc:
-            items.append(CheckItem(what, vip.adapter.name, False, str(exc)))
+            items.append(CheckItem(what, target, bool(result.ok), detail))
         except Exception as exc:
-            items.append(CheckItem(what, vip.adapter.name, False, f"{type(exc).__name__}: {exc}"))
+            items.append(CheckItem(what, target, False, f"{type(exc).__name__}: {exc}"))
+        finally:
+            close_adapter(adapter)
     return items
 
 

@@ -25,7 +25,7 @@ class CircuitBreakerSettings(BaseModel):
     much worse than the rest of the pool, never more than ``max_ejected_share`` of the pool,
     never all of it; failures are judged on their own so a fast error is not fast service."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     enabled: bool = Field(
         True, description="Run the relative circuit breaker (off = paper: only total failure removes a DIP)."
@@ -58,7 +58,7 @@ class CircuitBreakerSettings(BaseModel):
 class SafetySettings(BaseModel):
     """Guard rails around every plan (not in the paper; each can be switched off)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     min_weight: float = Field(
         0.002, ge=0, lt=0.5, description="Minimum weight of every healthy, non-drained DIP so none starves and its "
@@ -84,7 +84,7 @@ class SafetySettings(BaseModel):
 class ControllerSettings(BaseModel):
     """Controller parameters (KnapsackLB sections 4.2-4.7 and 5) with their defaults."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     # --- the loop (section 5) -----------------------------------------------------------
     interval: float = Field(5.0, gt=0, le=3600, description="Seconds between controller steps per VIP (paper: 5 s).")

@@ -28,22 +28,24 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.base import Adapter, make_adapter
+from adapters.base import Adapter
 from knapsack_lb.clock import Clock, SystemClock
+from knapsack_lb.config import KlbConfig
 from knapsack_lb.controller.core import SolverFn, VipController
 from knapsack_lb.controller.settings import ControllerSettings
-from knapsack_lb.errors import InvalidInputError, KnapsackLBError
-from knapsack_lb.model import AdapterSpec, VipConfig, WeightPlan
+from knapsack_lb.errors import KnapsackLBError
+from knapsack_lb.model import VipConfig, WeightPlan
 from knapsack_lb.names import validate_name
-from knapsack_lb.store import LatencyStore
+from knapsack_lb.service.adapters import AdapterFactory, AdapterPool, adapter_factory
+from knapsack_lb.store import CONTROLLER_LEASES, CONTROLLER_STATUS, LatencyStore
 
 log = logging.getLogger(__name__)
 
-LEASE_GROUP = "controllers"
+LEASE_GROUP = CONTROLLER_LEASES
 MISMATCH_TOLERANCE = 0.01  # total variation distance between planned and read-back weights
 APPLY_FAILURES_KEY = "apply_failures"  # failed pushes, kept in the stored controller state
 
@@ -70,11 +72,10 @@ class VipOutcome:
     error: str = ""
 
 
-AdapterFactory = Callable[[AdapterSpec], Adapter]
-
-
-def default_adapter_factory(spec: AdapterSpec) -> Adapter:
-    return make_adapter(spec.name, spec.settings)
+def no_load_balancers(vip: VipConfig) -> Adapter:
+    """The adapter factory of a controller started without a configuration file: it has no
+    operator-defined load balancers, so every VIP that selects one is refused by name."""
+    return adapter_factory({})(vip)
 
 
 @dataclass
@@ -85,15 +86,15 @@ class ControllerService:
     settings: ControllerSettings = field(default_factory=ControllerSettings)
     clock: Clock = field(default_factory=SystemClock)
     controller_id: str = "controller-1"
-    adapter_factory: AdapterFactory = default_adapter_factory
+    adapter_factory: AdapterFactory = no_load_balancers
     solver: SolverFn | None = None
     seed: int = 0
     controllers: dict[str, VipController] = field(default_factory=dict)
-    adapters: dict[str, tuple[AdapterSpec, Adapter]] = field(default_factory=dict)
     rounds: int = 0
 
     def __post_init__(self) -> None:
         validate_name("controller_id", self.controller_id)
+        self.adapters = AdapterPool(self.adapter_factory)
 
     # --- one pass ---------------------------------------------------------------------------
     async def tick(self) -> list[VipOutcome]:
@@ -110,6 +111,7 @@ class ControllerService:
                 del self.controllers[vip]
         for gone in set(self.controllers) - set(owned):
             del self.controllers[gone]
+        self.adapters.retain(set(owned))
         owned.sort(key=lambda v: (not (v in self.controllers and self.controllers[v].curves_changed), v))
         outcomes = []
         for vip in owned:
@@ -118,7 +120,7 @@ class ControllerService:
             except (KnapsackLBError, OSError, ConnectionError, ValueError) as exc:
                 log.warning("controller step failed", extra={"vip": vip, "error": str(exc)})
                 outcomes.append(VipOutcome(vip, error=f"{type(exc).__name__}: {exc}"))
-        await self.store.put_status("controller", self.controller_id, {
+        await self.store.put_status(CONTROLLER_STATUS, self.controller_id, {
             "vips": owned, "rounds": self.rounds, "time": _wall(self.clock),
             "errors": {o.vip: o.error for o in outcomes if o.error},
         }, ttl)
@@ -142,14 +144,6 @@ class ControllerService:
         self.controllers[config.name] = ctl
         return ctl
 
-    def _adapter(self, config: VipConfig) -> Adapter:
-        known = self.adapters.get(config.name)
-        if known is not None and known[0] == config.adapter:
-            return known[1]
-        adapter = self.adapter_factory(config.adapter)
-        self.adapters[config.name] = (config.adapter, adapter)
-        return adapter
-
     async def step_vip(self, vip: str) -> VipOutcome:
         snap = await self.store.snapshot(vip)
         config = snap.config
@@ -171,10 +165,13 @@ class ControllerService:
         if config.dry_run:
             outcome.skipped = "dry run"
             return outcome
+        if config.adapter.lb is None:
+            outcome.skipped = "no load balancer selected"
+            return outcome
         current = plan or ctl.plan
         if current is None:
             return outcome
-        adapter = self._adapter(config)
+        adapter = self.adapters.get(config)
         if plan is not None:
             result = await asyncio.to_thread(adapter.apply, plan)
             outcome.pushed = result.ok
@@ -217,6 +214,7 @@ class ControllerService:
         for vip in list(self.controllers):
             with contextlib.suppress(KnapsackLBError, OSError, ConnectionError):
                 await self.store.release_lease(LEASE_GROUP, vip, self.controller_id)
+        self.adapters.close()
 
 
 async def run_controller_service(
@@ -227,7 +225,7 @@ async def run_controller_service(
     controller_id: str = "controller-1",
     stop: asyncio.Event | None = None,
     max_rounds: int | None = None,
-    adapter_factory: AdapterFactory = default_adapter_factory,
+    adapter_factory: AdapterFactory = no_load_balancers,
 ) -> ControllerService:
     """Build the service and run it until ``stop`` (reusable by ``klb controller`` and ``klb run``)."""
     service = ControllerService(store, settings, clock or SystemClock(), controller_id,
@@ -236,9 +234,7 @@ async def run_controller_service(
     return service
 
 
-async def run_controller(store: LatencyStore, config: Any, stop: asyncio.Event) -> None:
-    """The ``klb run`` component entry point: ``config`` is a ``KlbConfig``."""
-    settings = getattr(config, "controller", None)
-    if not isinstance(settings, ControllerSettings):
-        raise InvalidInputError("controller", settings, "the configuration has no controller settings")
-    await run_controller_service(store, settings, stop=stop)
+async def run_controller(store: LatencyStore, config: KlbConfig, stop: asyncio.Event) -> None:
+    """The ``klb run`` component entry point: the controller with the file's load balancers."""
+    await run_controller_service(store, config.controller, stop=stop,
+                                 adapter_factory=adapter_factory(config.load_balancers))

@@ -84,7 +84,7 @@ def api_component(config: KlbConfig, token: str | None, port_holder: list[int] |
     async def main(store: LatencyStore, stop: StopEvent) -> None:
         from knapsack_lb.api import create_app
 
-        app = create_app(store, config.api, token=token)
+        app = create_app(store, config.api, token=token, load_balancers=config.load_balancers)
         server = QuietServer(
             uvicorn.Config(
                 app, host=config.api.host, port=config.api.port, log_config=None, lifespan="off",
@@ -110,7 +110,7 @@ def api_component(config: KlbConfig, token: str | None, port_holder: list[int] |
 
 def probe_component(config: KlbConfig) -> Component:
     """The probe worker (``probes/``) with the file's worker settings."""
-    from knapsack_lb.service.probes import run_probe_worker  # type: ignore[import-not-found,unused-ignore]
+    from knapsack_lb.service.probes import run_probe_worker
 
     async def main(store: LatencyStore, stop: StopEvent) -> None:
         await run_probe_worker(store, config, stop)
@@ -120,7 +120,7 @@ def probe_component(config: KlbConfig) -> Component:
 
 def controller_component(config: KlbConfig) -> Component:
     """The controller service (``knapsack_lb.service.controller``) with the file's settings."""
-    from knapsack_lb.service.controller import run_controller  # type: ignore[import-not-found,unused-ignore]
+    from knapsack_lb.service.controller import run_controller
 
     async def main(store: LatencyStore, stop: StopEvent) -> None:
         await run_controller(store, config, stop)

@@ -20,6 +20,11 @@ from typing import Any, Protocol, runtime_checkable
 
 from knapsack_lb.model import Measurement, VipConfig, WeightPlan
 
+# Group and component names shared by the writers (controllers, probe workers) and the readers (API)
+CONTROLLER_LEASES = "controllers"  # lease group of the VIPs controllers own, and their heartbeats
+CONTROLLER_STATUS = "controller"  # status component the controllers report under
+PROBE_STATUS = "probe"  # status component the probe workers report under
+
 
 @dataclass(frozen=True)
 class CurveRecord:

@@ -17,13 +17,15 @@ from fastapi import FastAPI
 
 from knapsack_lb.api import create_app
 from knapsack_lb.clock import SystemClock
-from knapsack_lb.config import ApiSettings
+from knapsack_lb.config import ApiSettings, LoadBalancerConfig
 from knapsack_lb.lab.procs import RedisServer, free_port, wait_for_port
 from knapsack_lb.store import LatencyStore
 from tests.api.seed import seed_store
 
 TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+# The operator's load balancers the API tests run with (a recording adapter: nothing is contacted)
+LOAD_BALANCERS = {"rec": LoadBalancerConfig(adapter="recording")}
 
 
 def make_store(url: str, namespace: str) -> LatencyStore:
@@ -56,7 +58,7 @@ async def seeded(store: LatencyStore) -> LatencyStore:
 @pytest.fixture
 def app_factory() -> Callable[..., FastAPI]:
     def build(store: LatencyStore, token: str | None = TOKEN, **settings: object) -> FastAPI:
-        return create_app(store, ApiSettings.model_validate(settings), token=token)
+        return create_app(store, ApiSettings.model_validate(settings), token=token, load_balancers=LOAD_BALANCERS)
 
     return build
 
@@ -89,7 +91,8 @@ def live_server(redis_url: str, namespace: str, token: str | None = TOKEN, seed:
         try:
             if seed:
                 await seed_store(store, SystemClock().wall())
-            app = create_app(store, ApiSettings.model_validate(settings), token=token)
+            app = create_app(store, ApiSettings.model_validate(settings), token=token,
+                             load_balancers=LOAD_BALANCERS)
             server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                                    lifespan="off"))
             holder["server"] = server

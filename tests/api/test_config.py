@@ -25,7 +25,8 @@ def test_example_config_loads_with_its_vip_and_adapter() -> None:
     config = load_config(EXAMPLE)
     assert [v.name for v in config.vips] == ["web"]
     assert [d.name for d in config.vips[0].dips] == ["dip1", "dip2", "dip3"]
-    assert config.vips[0].adapter.name == "haproxy"
+    assert config.vips[0].adapter.lb == "web-haproxy"
+    assert config.load_balancers["web-haproxy"].adapter == "haproxy"
     assert config.api.host == "127.0.0.1"
     assert config.controller.interval == 5.0
 

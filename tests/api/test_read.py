@@ -47,7 +47,7 @@ async def test_vip_list_and_config(client: httpx.AsyncClient) -> None:
     vips = (await client.get("/api/v1/vips")).json()
     assert vips == [
         {"name": VIP, "dips": list(DIPS), "paused": False, "dry_run": False, "pins": {}, "drained": [],
-         "adapter": "recording", "plan_version": len(PLAN_WEIGHTS)}
+         "adapter": None, "plan_version": len(PLAN_WEIGHTS)}
     ]
     config = (await client.get(f"/api/v1/vips/{VIP}")).json()
     assert config["name"] == VIP

@@ -160,7 +160,8 @@ async def test_create_replace_delete_a_vip(client: httpx.AsyncClient, seeded: La
         ({"name": "v", "probe": {"interval": -1}}, ["body", "probe", "interval"]),
         ({"name": "v", "objective": "fastest"}, ["body", "objective"]),
         ({"name": "v", "adapter": {"name": "no-such-lb"}}, ["body", "adapter", "name"]),
-        ({"name": "v", "adapter": {"name": "recording", "settings": {"resolution": 0}}},
+        ({"name": "v", "adapter": {"lb": "no-such-lb"}}, ["body", "adapter", "lb"]),
+        ({"name": "v", "adapter": {"lb": "rec", "settings": {"resolution": 0}}},
          ["body", "adapter", "settings", "resolution"]),
     ],
 )

@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 
 from adapters.base import load_adapter_class, make_adapter
+from knapsack_lb.config import parse_config
 from knapsack_lb.errors import InvalidInputError
-from knapsack_lb.model import VipConfig, WeightPlan
+from knapsack_lb.model import WeightPlan
+from knapsack_lb.service.adapters import adapter_factory
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "third_party_adapter"
 PLUGIN = "example-json-file"
@@ -54,10 +56,11 @@ def test_plugin_on_sys_path_is_selected_by_name(tmp_path: Path, monkeypatch: pyt
     monkeypatch.syspath_prepend(str(site))
     cls = load_adapter_class(PLUGIN)
     assert cls.__module__ == "klb_example_adapter"
-    vip = VipConfig.model_validate(
-        {"name": "web", "adapter": {"name": PLUGIN, "settings": {"path": str(tmp_path / "w.json"), "total": 10}}}
-    )
-    adapter = make_adapter(vip.adapter.name, vip.adapter.settings)
+    config = parse_config({
+        "load_balancers": {"files": {"adapter": PLUGIN, "settings": {"path": str(tmp_path / "w.json"), "total": 10}}},
+        "vips": [{"name": "web", "adapter": {"lb": "files"}}],
+    })
+    adapter = adapter_factory(config.load_balancers)(config.vips[0])
     result = adapter.apply(WeightPlan(vip="web", weights={"a": 0.3, "b": 0.7}))
     assert result.ok and dict(result.lb_weights) == {"a": 3, "b": 7}
     assert adapter.read() == pytest.approx({"a": 0.3, "b": 0.7})

@@ -41,9 +41,10 @@ def test_example_config_matches_the_compose_haproxy() -> None:
     config = load_config(ROOT / "examples" / "compose-config.yaml")
     vip = config.vips[0]
     haproxy_cfg = (ROOT / "docker" / "haproxy.cfg").read_text()
-    assert vip.adapter.name == "haproxy"
-    assert "ipv4@0.0.0.0:9999 level admin" in haproxy_cfg and vip.adapter.settings["socket"] == "haproxy:9999"
-    assert f"backend {vip.adapter.settings['backend']}" in haproxy_cfg
+    lb = config.load_balancers[vip.adapter.lb or ""]
+    assert lb.adapter == "haproxy"
+    assert "ipv4@0.0.0.0:9999 level admin" in haproxy_cfg and lb.settings["socket"] == "haproxy:9999"
+    assert f"backend {lb.settings['backend']}" in haproxy_cfg
     for dip in vip.dips:
         assert f"server {dip.name} {dip.address}" in haproxy_cfg
     assert "mode tcp" in haproxy_cfg

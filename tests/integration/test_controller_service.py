@@ -61,7 +61,7 @@ async def _world(store: RedisLatencyStore, **overrides: object) -> World:
     model = FluidModel(dips, total_rate=0.7 * sum(d.capacity for d in dips), vip="web", seed=3)
     config = VipConfig(name="web", dips=tuple(DipConfig(name=d.name, address=f"127.0.0.1:{9100 + i}")
                                               for i, d in enumerate(dips)),
-                       adapter=AdapterSpec(name="recording"), **overrides)
+                       adapter=AdapterSpec(lb="rec"), **overrides)
     await store.put_vip(config)
     return World(store, FakeClock(1000.0), model, RecordingAdapter())
 

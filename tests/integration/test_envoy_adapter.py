@@ -4,7 +4,6 @@ and the in-process gRPC xDS server. Driven through the shared LB harness."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,7 +105,7 @@ def test_an_assignment_envoy_rejects_leaves_the_last_good_one(
     before = adapter.read_lb_weights()
 
     def bad_render(plan: WeightPlan) -> tuple[dict[str, Any], dict[str, int], float]:
-        assignment = envoy_module.build_assignment("vip", adapter.settings.endpoints, {"b1": 1, "b2": 1})
+        assignment = envoy_module.build_assignment("vip", adapter.settings.endpoint_addresses, {"b1": 1, "b2": 1})
         assignment["endpoints"][0]["lb_endpoints"][0]["load_balancing_weight"] = 0
         return assignment, {"b1": 0, "b2": 1}, 0.0
 
@@ -118,7 +117,7 @@ def test_an_assignment_envoy_rejects_leaves_the_last_good_one(
 
     monkeypatch.setattr(adapter, "render", bad_render)
     monkeypatch.setattr(envoy_module, "validate_assignment", parse_only)
-    adapter.settings = dataclasses.replace(adapter.settings, verify_timeout=1.0)
+    adapter.settings = adapter.settings.model_copy(update={"verify_timeout": 1.0})
     result = adapter.apply(WeightPlan(vip="web", weights={"b1": 0.5, "b2": 0.5}))
     assert not result.ok
     if envoy.mode == "file":
@@ -161,8 +160,10 @@ def test_documented_bootstraps_pass_envoy_validate(variant: str, tmp_path: Path)
     eds_dir = tmp_path / "eds"
     eds_dir.mkdir()
     # the first web.json comes from the documented VIP's adapter (Envoy needs the file to exist)
-    vip = yaml.safe_load(doc_example("envoy-vip").replace("/var/lib/klb/eds", str(eds_dir)))
-    settings = {k: v for k, v in vip["adapter"]["settings"].items() if k != "admin"}
+    config = yaml.safe_load(doc_example("envoy-vip").replace("/var/lib/klb/eds", str(eds_dir)))
+    vip = config["vips"][0]
+    settings = {k: v for k, v in config["load_balancers"]["envoy-web"]["settings"].items() if k != "admin"}
+    settings["endpoints"] = {d["name"]: d["address"] for d in vip["dips"]}
     with EnvoyAdapter.from_config(settings) as writer:
         assert writer.apply(WeightPlan(vip="web", weights={"web-1": 0.2, "web-2": 0.3, "web-3": 0.5})).ok
     config = yaml.safe_load(doc_example("envoy-bootstrap-file").replace("/var/lib/klb/eds", str(eds_dir)))

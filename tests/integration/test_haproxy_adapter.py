@@ -4,6 +4,7 @@ emulated backends (knapsack_lb.lab.testbed.emulator), through the shared LB harn
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -221,3 +222,63 @@ def test_a_new_testbed_does_not_load_the_state_file_an_earlier_run_left(
     with HAProxyTestbed(backends, workdir) as second:
         counts = lb_harness.measure_split(second, 300)
         assert "<failed>" not in counts and set(counts) == set(NAMES), counts  # its own config, all three
+
+
+def test_an_unwritable_state_file_is_a_warning_and_the_weights_still_apply(
+        haproxy: HAProxyTestbed, tmp_path: Path) -> None:
+    """Runtime weights are the product; the state file is best effort (read-only or full disk)."""
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+    adapter = _adapter(haproxy, state_file=str(readonly / "server-state"))
+    readonly.chmod(0o500)
+    try:
+        result = adapter.apply(WeightPlan(vip="web", weights=TARGET))
+        writable = os.access(readonly, os.W_OK)  # root ignores directory permissions
+    finally:
+        readonly.chmod(0o700)
+    assert result.ok, result.reason
+    assert adapter.read_integers() == {"b1": 43, "b2": 128, "b3": 255}
+    if not writable:
+        assert result.warnings and "server state file" in result.warnings[0]
+    assert not list(readonly.glob(".klb-state-*"))  # no temp file left behind
+
+
+def test_a_state_file_that_cannot_be_replaced_leaves_no_temp_file(haproxy: HAProxyTestbed, tmp_path: Path) -> None:
+    target = tmp_path / "state-dir"
+    target.mkdir()
+    state = target / "server-state"
+    state.mkdir()  # a directory where the file should be: os.replace fails, whatever the user
+    adapter = _adapter(haproxy, state_file=str(state))
+    result = adapter.apply(WeightPlan(vip="web", weights=TARGET))
+    assert result.ok and result.warnings, result
+    assert adapter.read_integers() == {"b1": 43, "b2": 128, "b3": 255}
+    assert [p.name for p in target.iterdir()] == ["server-state"]
+
+
+def test_a_file_that_is_not_a_server_state_file_is_never_replaced(haproxy: HAProxyTestbed, tmp_path: Path) -> None:
+    precious = tmp_path / "precious.conf"
+    precious.write_text("listen important\n")
+    result = _adapter(haproxy, state_file=str(precious)).apply(WeightPlan(vip="web", weights=TARGET))
+    assert result.ok and "not an HAProxy server state file" in result.warnings[0]
+    assert precious.read_text() == "listen important\n"
+
+
+def test_rollback_after_a_dropped_admin_connection_uses_a_new_connection(haproxy: HAProxyTestbed) -> None:
+    adapter = _adapter(haproxy)
+    assert adapter.apply(WeightPlan(vip="web", weights={"b1": 0.2, "b2": 0.3, "b3": 0.5})).ok
+    before = adapter.read_integers()
+
+    class DropsTheConnection(HAProxyAdapter):
+        dropped = False
+
+        def _set_weight(self, api: RuntimeApi, server: str, weight: int) -> None:
+            if server == "b2" and not DropsTheConnection.dropped:
+                DropsTheConnection.dropped = True
+                api._sock.close()  # the connection dies mid-apply: b1 already has its new weight
+            super()._set_weight(api, server, weight)
+
+    faulty = DropsTheConnection.from_config(haproxy.adapter_settings)
+    result = faulty.apply(WeightPlan(vip="web", weights={"b1": 0.6, "b2": 0.3, "b3": 0.1}))
+    assert not result.ok
+    assert "new admin connection" in result.reason, result.reason
+    assert adapter.read_integers() == before  # no partial plan left in HAProxy

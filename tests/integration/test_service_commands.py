@@ -34,10 +34,11 @@ def _config(tmp_path: Path, redis: RedisServer, fleet: EmulatorFleet) -> Path:
     config = {
         "redis": {"url": redis.url, "namespace": NAMESPACE},
         "vip_source": "config",
+        "load_balancers": {"rec": {"adapter": "recording"}},
         "vips": [{
             "name": "web",
             "probe": {"path": "/", "requests_per_round": 5, "interval": 0.5, "timeout": 1.0},
-            "adapter": {"name": "recording"},
+            "adapter": {"lb": "rec"},
             "dips": [{"name": name, "address": address} for name, address in addresses.items()],
         }],
         "controller": {"interval": 0.5},

@@ -116,13 +116,14 @@ class DemoTestbed:
         raw: dict[str, Any] = {
             "redis": {"url": self.redis.url, "namespace": "demo"},
             "vip_source": "config",
+            "load_balancers": {"haproxy": {"adapter": "haproxy", "settings": self.lb.adapter_settings}},
             "vips": [{
                 "name": VIP,
                 "objective": "mean",
                 "paused": True,  # the baseline phases run first; the runner unpauses it to learn
                 "probe": {"path": "/probe", "requests_per_round": s.probe_requests, "interval": s.probe_interval,
                           "timeout": 2.0},
-                "adapter": {"name": "haproxy", "settings": self.lb.adapter_settings},
+                "adapter": {"lb": "haproxy"},
                 "dips": [{"name": n, "address": a} for n, a in self.backends.items()],
             }],
             "controller": {

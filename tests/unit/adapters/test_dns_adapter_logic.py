@@ -124,7 +124,6 @@ def test_names_are_normalised() -> None:
         ("record", "www.other.test.", "record"),
         ("addresses", {"b1": "127.0.0.1", "b2": "::1"}, "addresses"),
         ("addresses", {"b1": "127.0.0.1", "b2": "127.0.0.1"}, "addresses"),
-        ("addresses", {}, "addresses"),
         ("api_url", "http://127.0.0.1:8081/api/v1", "api_url"),
         ("api_url", "http://user:pw@127.0.0.1:8081", "api_url"),
         ("api_url", "ftp://127.0.0.1", "api_url"),
@@ -146,6 +145,12 @@ def test_bad_settings_name_the_field(key: str, value: object, field: str) -> Non
     assert field in info.value.field
 
 
+def test_an_adapter_needs_addresses() -> None:
+    with pytest.raises(InvalidInputError) as info:
+        PowerDnsAdapter.from_config(raw(addresses={}))
+    assert info.value.field == "adapter.settings.addresses"
+
+
 @pytest.mark.parametrize("key", ["with space", "new\nline", "", "x" * 300])
 def test_bad_api_keys_are_refused_without_echoing_them(key: str) -> None:
     with pytest.raises(InvalidInputError) as info:
@@ -158,9 +163,12 @@ def test_api_key_from_the_environment() -> None:
     settings = raw()
     del settings["api_key"]
     settings["api_key_env"] = "KLB_PDNS_KEY"
-    assert PowerDnsSettings.parse(settings, environ={"KLB_PDNS_KEY": "abc"}).api_key == "abc"
+    parsed = PowerDnsSettings.parse(settings)  # validating settings reads no environment variable
+    assert parsed.api_key_from({"KLB_PDNS_KEY": "abc"}) == "abc"
     with pytest.raises(InvalidInputError, match="not set"):
-        PowerDnsSettings.parse(settings, environ={})
+        parsed.api_key_from({})
+    with pytest.raises(InvalidInputError, match="not set"):
+        PowerDnsAdapter.from_config(settings, environ={})
 
 
 def test_rrset_patch_bodies() -> None:

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from adapters.base import load_adapter_class
 from adapters.dns import PowerDnsAdapter
 from adapters.envoy import EnvoyAdapter
+from knapsack_lb.config import KlbConfig, parse_config
 from knapsack_lb.model import VipConfig
+from knapsack_lb.service.adapters import adapter_factory
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "adapters-envoy-dns.md"
 
@@ -25,21 +26,27 @@ def doc_example(name: str) -> str:
     return match.group(1)
 
 
+def _example(name: str) -> tuple[KlbConfig, VipConfig]:
+    config = parse_config(yaml.safe_load(doc_example(name)), source=name)
+    (vip,) = config.vips
+    return config, vip
+
+
 def test_envoy_vip_example_is_accepted() -> None:
-    vip = VipConfig.model_validate(yaml.safe_load(doc_example("envoy-vip")))
-    assert load_adapter_class(vip.adapter.name) is EnvoyAdapter
-    adapter = EnvoyAdapter.from_config(vip.adapter.settings)
-    assert set(adapter.settings.endpoints) == {d.name for d in vip.dips}
-    assert {d.name: d.host_port for d in vip.dips} == dict(adapter.settings.endpoints)
+    config, vip = _example("envoy-vip")
+    adapter = adapter_factory(config.load_balancers)(vip)
+    assert isinstance(adapter, EnvoyAdapter)
+    assert adapter.settings.endpoint_addresses == {d.name: d.host_port for d in vip.dips}
 
 
 def test_dns_vip_example_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
-    vip = VipConfig.model_validate(yaml.safe_load(doc_example("dns-vip")))
-    assert load_adapter_class(vip.adapter.name) is PowerDnsAdapter
+    config, vip = _example("dns-vip")
     monkeypatch.setenv("KLB_PDNS_API_KEY", "example-key")
-    with PowerDnsAdapter.from_config(vip.adapter.settings) as adapter:
+    adapter = adapter_factory(config.load_balancers)(vip)
+    assert isinstance(adapter, PowerDnsAdapter)
+    with adapter:
         assert adapter.settings.record == "www.example.test." and adapter.settings.ttl == 5
-        assert set(adapter.settings.addresses) == {d.name for d in vip.dips}
+        assert adapter.settings.addresses == {d.name: d.host_port[0] for d in vip.dips}
 
 
 def test_pdns_conf_example_matches_what_the_testbed_writes(tmp_path: Path) -> None:

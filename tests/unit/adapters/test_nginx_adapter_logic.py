@@ -116,7 +116,7 @@ def test_from_config_refuses_bad_paths(tmp_path: Path, key: str, bad: object) ->
     [("method", "ip_hash"), ("keepalive", -1), ("resolution", 0), ("reload_timeout", 0), ("servers", {}), ("x", 1)],
 )
 def test_from_config_names_the_bad_field(tmp_path: Path, key: str, value: object) -> None:
-    with pytest.raises(InvalidInputError, match=key if key != "x" else "unknown keys"):
+    with pytest.raises(InvalidInputError, match=key if key != "x" else "unknown setting"):
         NginxAdapter.from_config(_settings(tmp_path, **{key: value}))
 
 
