@@ -25,18 +25,19 @@ party adds one with its own distribution, no change to this repository.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-from knapsack_lb.errors import InvalidInputError
-from knapsack_lb.model import DipConfig, WeightPlan
+from knapsack_lb.model import ApplyResult, DipConfig, WeightPlan
 from knapsack_lb.plugins import ADAPTERS, load_plugin, validate_settings
+from knapsack_lb.quantise import Quantised, quantise
 
 ENTRY_POINT_GROUP = ADAPTERS
+__all__ = ["AdapterSettings", "ApplyResult", "CheckResult", "Quantised", "load_adapter_class", "make_adapter",
+           "parse_settings", "quantise"]
 SETTINGS_PREFIX = "adapter.settings"
 
 
@@ -67,19 +68,6 @@ def parse_settings(model: type[Settings], raw: Mapping[str, Any], prefix: str = 
 
 
 @dataclass(frozen=True)
-class ApplyResult:
-    """What ``apply`` did. ``ok`` False means nothing changed on the LB and ``reason`` says why."""
-
-    ok: bool
-    adapter: str
-    lb_weights: Mapping[str, int] = field(default_factory=dict)
-    quantisation_error: float = 0.0
-    seconds: float = 0.0
-    reason: str = ""
-    warnings: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class CheckResult:
     ok: bool
     adapter: str
@@ -101,65 +89,6 @@ class Adapter(Protocol):
     def read(self) -> dict[str, float]: ...
 
     def check(self) -> CheckResult: ...
-
-
-@dataclass(frozen=True)
-class Quantised:
-    """Integer LB weights and how far their normalised split is from the plan (L1/2, i.e.
-    total variation distance: the share of traffic that lands on another DIP than planned)."""
-
-    weights: dict[str, int]
-    error: float
-
-
-def quantise(weights: Mapping[str, float], total: int, low: int = 0, high: int | None = None) -> Quantised:
-    """Largest-remainder rounding of fractional ``weights`` to integers summing to ``total``.
-
-    Each integer stays in ``[low, high]`` for DIPs with a positive weight; DIPs with weight 0
-    get 0 (the caller maps 0 to what its LB requires: ``down``, a dropped endpoint, ...).
-    Where the bounds make the exact total impossible, the closest feasible sum is used.
-    """
-    if total < 1:
-        raise InvalidInputError("total", total, "must be >= 1")
-    positive = {d: w for d, w in weights.items() if w > 0}
-    if not positive:
-        raise InvalidInputError("weights", dict(weights), "at least one DIP needs a positive weight")
-    mass = sum(positive.values())
-    lo = max(low, 1)
-    hi = high if high is not None else total
-    ideal = {d: w / mass * total for d, w in positive.items()}
-    base = {d: min(hi, max(lo, math.floor(x))) for d, x in ideal.items()}
-    remaining = total - sum(base.values())
-    if remaining > 0:
-        order = sorted(positive, key=lambda d: (ideal[d] - base[d], d), reverse=True)
-        while remaining > 0:
-            progressed = False
-            for d in order:
-                if remaining == 0:
-                    break
-                if base[d] < hi:
-                    base[d] += 1
-                    remaining -= 1
-                    progressed = True
-            if not progressed:
-                break
-    elif remaining < 0:
-        order = sorted(positive, key=lambda d: (ideal[d] - base[d], d))
-        while remaining < 0:
-            progressed = False
-            for d in order:
-                if remaining == 0:
-                    break
-                if base[d] > lo:
-                    base[d] -= 1
-                    remaining += 1
-                    progressed = True
-            if not progressed:
-                break
-    result = {d: base.get(d, 0) for d in weights}
-    achieved = sum(result.values())
-    error = 0.5 * sum(abs(result[d] / achieved - max(weights[d], 0.0) / mass) for d in weights)
-    return Quantised(result, error)
 
 
 def load_adapter_class(name: str, field: str = "adapter") -> type[Adapter]:

@@ -46,7 +46,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BeforeValidator, ConfigDict, Field
 
-from adapters.base import AdapterSettings, ApplyResult, CheckResult, parse_settings, quantise
+from adapters.base import AdapterSettings, ApplyResult, CheckResult, parse_settings
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
 from knapsack_lb.model import WeightPlan
 from knapsack_lb.names import (
@@ -58,8 +58,9 @@ from knapsack_lb.names import (
     validate_absolute_path,
     validate_name,
 )
+from knapsack_lb.quantise import HAPROXY_MAX_WEIGHT, haproxy_weights
 
-MAX_WEIGHT = 256
+MAX_WEIGHT = HAPROXY_MAX_WEIGHT
 PROMPT = b"\n> "
 UWEIGHT_COLUMN = 7  # 0-based index of srv_uweight in `show servers state` (column 8)
 
@@ -111,15 +112,6 @@ def parse_backend_algo(text: str, backend: str) -> str | None:
         if len(cells) > index and cells[0] == backend and cells[1] == "BACKEND":
             return cells[index]
     return None
-
-
-def integer_weights(weights: Mapping[str, float], high: int = MAX_WEIGHT) -> tuple[dict[str, int], float]:
-    """Largest-remainder integers in ``[0, high]`` whose largest is ``high``-ish (finest
-    resolution), and the quantisation error (total variation distance to the plan)."""
-    top = max(weights.values())
-    total = max(1, int(high / top)) if top > 0 else high
-    q = quantise(weights, total, low=1, high=high)
-    return q.weights, q.error
 
 
 class RuntimeApi:
@@ -236,7 +228,8 @@ class HAProxyAdapter:
     def apply(self, plan: WeightPlan) -> ApplyResult:
         started = time.perf_counter()
         try:
-            targets_by_dip, error = integer_weights(plan.weights)
+            quantised = haproxy_weights(plan.weights)
+            targets_by_dip, error = quantised.weights, quantised.error
             targets = {self.server_of(dip): w for dip, w in targets_by_dip.items()}
         except InvalidInputError as exc:
             return self._failed(started, f"plan refused before anything was sent: {exc}")

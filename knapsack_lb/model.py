@@ -97,6 +97,26 @@ class WeightPlan:
 
 
 @dataclass(frozen=True)
+class ApplyResult:
+    """What pushing a plan into a load balancer did (an adapter, or a simulated LB). ``ok`` False
+    means nothing changed on the LB and ``reason`` says why; ``lb_weights`` are the integers the
+    LB carries; ``warnings`` name best-effort parts that failed (e.g. a state file not written)."""
+
+    ok: bool
+    adapter: str
+    lb_weights: Mapping[str, int] = field(default_factory=dict)
+    quantisation_error: float = 0.0
+    seconds: float = 0.0
+    reason: str = ""
+    warnings: tuple[str, ...] = ()
+
+    def carried(self) -> dict[str, float]:
+        """The split the LB carries after this apply (``lb_weights`` normalised; empty if none)."""
+        total = sum(self.lb_weights.values())
+        return {d: (w / total if total else 0.0) for d, w in self.lb_weights.items()}
+
+
+@dataclass(frozen=True)
 class Measurement:
     """One probe round against one DIP (section 5, KLM): what was sent and what came back.
 
@@ -119,6 +139,7 @@ class Measurement:
     latency_p99: float | None
     failure_latency_mean: float | None
     worker: str
+    latency_std: float | None = None  # sample standard deviation of the successes (the round's own spread)
 
     def __post_init__(self) -> None:
         validate_name("vip", self.vip)
@@ -139,6 +160,13 @@ class Measurement:
     @property
     def success_rate(self) -> float:
         return self.successes / self.sent if self.sent else 0.0
+
+    @property
+    def latency_stderr(self) -> float | None:
+        """The standard error of ``latency_mean`` from the round's own spread (None below two successes)."""
+        if self.latency_std is None or self.successes < 2:
+            return None
+        return self.latency_std / math.sqrt(self.successes)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -164,6 +192,7 @@ class Measurement:
             latency_p99=opt("latency_p99"),
             failure_latency_mean=opt("failure_latency_mean"),
             worker=str(data.get("worker", "")),
+            latency_std=opt("latency_std"),
         )
 
 

@@ -11,10 +11,10 @@ Timeouts (``ProbeSpec.timeout``, default 1 s), connection errors and unexpected 
 are counted and timed as failures. A DIP's round stops sending when the interval is over
 (so a DIP that times out every request costs at most one interval, and ``sent`` says how
 many went out). One :class:`~knapsack_lb.model.Measurement` per DIP per round, stamped
-with the wall-clock time the round started and the weight the VIP's current plan gives
-the DIP (read at every refresh, so a slow store never delays a round; an equal split
-before any plan exists), is written to the store in one
-pipeline.
+with the wall-clock time the round started and the weight the VIP's load balancer confirmed
+it carries for the DIP (the store's in-force record, written by the controller after the LB
+confirmed a plan; read at every refresh, so a slow store never delays a round; an equal split
+before anything was confirmed), is written to the store in one pipeline.
 
 Sharing DIPs among workers: every worker heartbeats, per VIP it serves, into the group
 ``probes.<vip>`` (so a worker started with ``--vip a`` is never handed DIPs of VIP ``b``)
@@ -51,11 +51,11 @@ from knapsack_lb.clock import Clock, SystemClock
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.model import Measurement, VipConfig
 from knapsack_lb.names import validate_name
+from knapsack_lb.rounds import RoundSamples, summarise
 from knapsack_lb.store import PROBE_STATUS, LatencyStore
 from probes.assignment import assigned_to
 from probes.buffer import RoundBuffer
 from probes.http_client import KeepAliveClient, ProbeConnectionError, ProbeTimeout
-from probes.summary import RoundSamples, summarise
 from probes.targets import ProbeTarget, build_targets
 
 log = logging.getLogger(__name__)
@@ -293,21 +293,21 @@ class ProbeWorker:
         return held[1]
 
     async def refresh_weights(self) -> None:
-        """Read each VIP's current plan: the weight in effect that rounds record (kept on store errors)."""
+        """Read the weights each VIP's LB confirmed it carries: what rounds record (kept on store errors)."""
         for state in list(self._vips.values()):
             try:
-                plan = await self.store.current_plan(state.config.name)
-            except ValueError as bad:
-                log.error("stored plan refused: %s", bad, extra={"vip": state.config.name})
+                in_force = await self.store.in_force(state.config.name)
+            except (ValueError, KeyError) as bad:
+                log.error("stored in-force weights refused: %s", bad, extra={"vip": state.config.name})
                 continue
-            if plan is not None:
-                state.weights = {dip: float(plan.weights.get(dip, 0.0)) for dip in state.targets}
+            if in_force is not None:
+                state.weights = {dip: float(in_force.weights.get(dip, 0.0)) for dip in state.targets}
             else:
                 state.weights = {}
 
     @staticmethod
     def _weights(state: _VipState) -> dict[str, float]:
-        """The plan's weights, or an equal split (the LB's default) before any plan exists."""
+        """The confirmed weights, or an equal split (the LB's default) before any was confirmed."""
         if state.weights:
             return state.weights
         equal = 1.0 / len(state.targets) if state.targets else 0.0

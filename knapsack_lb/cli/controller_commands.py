@@ -18,7 +18,7 @@ from knapsack_lb.errors import KnapsackLBError
 EXIT_INVALID = 2
 # The names of knapsack_lb.lab.bench.controller.SCENARIOS, kept here so that `klb --help` does not import the
 # controller (scikit-learn, scipy: seconds); tests/unit/controller/test_cli_lazy.py checks they agree.
-SCENARIO_NAMES = ("paper30", "two-dip", "dynamics")
+SCENARIO_NAMES = ("paper30", "two-dip", "dynamics", "operator")
 
 
 def _fail(exc: Exception) -> typer.Exit:

@@ -185,8 +185,10 @@ class VipController:
         self.rng = rng or random.Random(0)
         self.solver: SolverFn = solver or default_solver
         self.dips: dict[str, DipState] = {}
-        self.plan: WeightPlan | None = None
-        self.applied_at: float = -math.inf
+        self.plan: WeightPlan | None = None  # the last plan emitted (pending until the LB confirms it)
+        self.confirmed_version = 0  # the version of the last plan the LB confirmed
+        self.in_force: dict[str, float] = {}  # the split the LB confirmed it carries ({}: not known yet)
+        self.applied_at: float = -math.inf  # when the LB confirmed a change of the split (the drain clock)
         self.scheduled: dict[str, float] = {}
         self.version = 0
         self.drain_time = self.settings.drain_time
@@ -271,6 +273,7 @@ class VipController:
             "state_version": STATE_VERSION, "vip": self.vip, "dips": {n: d.to_dict() for n, d in self.dips.items()},
             "plan": None if self.plan is None else self.plan.to_dict(),
             "applied_at": None if self.applied_at == -math.inf else self.applied_at,
+            "confirmed_version": self.confirmed_version, "in_force": dict(self.in_force),
             "scheduled": dict(self.scheduled), "version": self.version, "drain_time": self.drain_time,
             "drain_measured_at": self.drain_measured_at, "drain_probe": self._drain,
             "rounds": self.rounds, "measurement_rounds": self.measurement_rounds,
@@ -292,6 +295,8 @@ class VipController:
         ctl.dips = {str(n): DipState.from_dict(d) for n, d in data["dips"].items()}
         ctl.plan = None if data.get("plan") is None else WeightPlan.from_dict(data["plan"])
         ctl.applied_at = -math.inf if data.get("applied_at") is None else float(data["applied_at"])
+        ctl.confirmed_version = int(data.get("confirmed_version", 0))
+        ctl.in_force = {str(k): float(v) for k, v in data.get("in_force", {}).items()}
         ctl.scheduled = {str(k): float(v) for k, v in data.get("scheduled", {}).items()}
         ctl.version = int(data.get("version", 0))
         ctl.drain_time = float(data.get("drain_time", ctl.settings.drain_time))
@@ -373,14 +378,73 @@ class VipController:
                 continue
             if now - m.time > self.settings.measurement_max_age:
                 continue
+            if not self._stamp_agrees(name, m):
+                continue  # the prober saw another split than the LB confirmed (stale, or changed behind us)
             dip.last_round = m.time
             trusted[name] = m
         return trusted
 
+    def _stamp_agrees(self, name: str, m: Measurement) -> bool:
+        """The weight the probe stamped on the round matches the split the LB confirmed (within the
+        trust tolerance, or 0.001 for tiny weights); with nothing confirmed yet any stamp is taken."""
+        if name not in self.in_force:
+            return True
+        confirmed = self.in_force[name]
+        return abs(m.weight - confirmed) <= max(1e-3, self.settings.trust_tolerance * confirmed)
+
     def _weight_of(self, name: str, m: Measurement) -> float:
-        if self.plan is not None and name in self.plan.weights:
-            return float(self.plan.weights[name])
+        """The weight a trusted round was taken at: what the LB confirmed it carries."""
+        if name in self.in_force:
+            return self.in_force[name]
         return m.weight
+
+    # --- what the load balancer confirmed ----------------------------------------------------------
+    @property
+    def pending(self) -> WeightPlan | None:
+        """The last plan, if the LB has not confirmed it yet (refused, dry run, or not applied)."""
+        if self.plan is None or self.plan.version == self.confirmed_version:
+            return None
+        return self.plan
+
+    def confirm(self, plan: WeightPlan, carried: Mapping[str, float], at: float) -> None:
+        """The LB carries ``carried`` (fractions) since ``at`` after applying ``plan``. Only confirmed
+        weights are learned from; a change of the split restarts the drain clock (section 4.7)."""
+        if self.plan is None or plan.version != self.plan.version:
+            return  # a newer plan was emitted meanwhile: it is what must be confirmed
+        self._carry(carried, at)
+        self.confirmed_version = plan.version
+
+    def observe_lb(self, carried: Mapping[str, float], at: float) -> None:
+        """The LB was read and carries ``carried``: e.g. at start, or changed behind the controller's back."""
+        self._carry(carried, at)
+
+    def refuse(self, plan: WeightPlan, reason: str, *, retry: bool = True) -> None:
+        """The LB did not take ``plan`` (refused, or dry run): nothing it scheduled can be measured,
+        and the weights in force stay the confirmed ones. With ``retry`` the next step plans again
+        (and says why); a dry run does not retry, its plan just stays pending."""
+        if self.plan is None or plan.version != self.plan.version:
+            return
+        self.scheduled = {}
+        self._drain = None
+        if retry:
+            self._pending_reasons.append(f"plan v{plan.version} not applied: {reason}")
+
+    def _carried(self) -> dict[str, float]:
+        """The split the LB carries: confirmed, else the last plan's (before anything was confirmed)."""
+        if self.in_force:
+            return dict(self.in_force)
+        return dict(self.plan.weights) if self.plan is not None else {}
+
+    def _carry(self, carried: Mapping[str, float], at: float) -> None:
+        split = {n: float(carried.get(n, 0.0)) for n in self.dips}
+        total = sum(split.values())
+        if total <= 0:
+            return
+        if abs(total - 1.0) > 1e-9:  # a split that already sums to 1 is kept bit for bit
+            split = {n: w / total for n, w in split.items()}
+        if not self.in_force or not _same_weights(self.in_force, split):
+            self.applied_at = at
+        self.in_force = split
 
     # --- 4. failures ----------------------------------------------------------------------------
     def _failures(self, now: float, trusted: Mapping[str, Measurement]) -> list[str]:
@@ -585,7 +649,7 @@ class VipController:
         """Re-measure with Algorithm 1 from the current weight (at most ``w_max``), l_0 known; the old
         ``w_max`` - or the knee of the current curve when lower (``refresh_needs_room``) - is the
         threshold beyond which the run is cautious."""
-        current = self.plan.weights.get(dip.name, 0.0) if self.plan else 0.0
+        current = self._carried().get(dip.name, 0.0)
         if dip.w_max > 0:
             current = min(current, dip.w_max)  # after a capacity cut: not at the weight that overloaded it
         m = DipMeasurement(dip.name, enqueued_at=now, refresh=True, l0=dip.l0, pending_zero=dip.l0 is None,
@@ -605,11 +669,14 @@ class VipController:
             return None
         names = list(self.dips)
         drained = set(config.drained) if config is not None else set()
-        pins = dict(config.pins) if config is not None else {}
+        # a drain wins over a pin: the operator takes the DIP out of service, whatever it was held at
+        pins = {n: w for n, w in config.pins.items() if n not in drained} if config is not None else {}
         live = [n for n in names if not self.dips[n].failed and not self.breaker.is_ejected(n) and n not in drained]
         if not live:
             return self._no_live_dip(now, reasons)
-        measuring = [n for n in live if self.dips[n].measuring is not None]
+        # a pinned DIP cannot be measured (its weight is the operator's): it waits, and does not hold the VIP
+        # in measurement rounds
+        measuring = [n for n in live if self.dips[n].measuring is not None and n not in pins]
         if measuring:
             return self._measurement_round(now, live, measuring, pins, reasons)
         return self._solve_plan(now, config, live, pins, drained, reasons)
@@ -634,8 +701,6 @@ class VipController:
             computed_at=now, reasons=tuple(reasons), flags=tuple(flags),
         )
         self.plan = plan
-        if not restated:  # restating the weights drains nothing (a repeated over-capacity plan blinded it)
-            self.applied_at = now
         self._curves_changed = False
         return plan
 
@@ -674,15 +739,18 @@ class VipController:
                 requests.append(MeasurementRequest(name, wanted, m.priority, m.enqueued_at))
         if self._drain_due(now) and self.plan is not None:
             for i, req in enumerate(requests):
-                if req.weight == 0 and self.plan.weights.get(req.dip, 0.0) > 0:
+                if req.weight == 0 and self._carried().get(req.dip, 0.0) > 0:
                     self._drain = {"dip": req.dip, "switch": now, "series": []}
                     requests[i] = MeasurementRequest(req.dip, 0.0, -1, req.enqueued_at)
                     break
         if self._drain is not None:
             requests = [MeasurementRequest(r.dip, 0.0, -1, r.enqueued_at) if r.dip == self._drain["dip"] else r
                         for r in requests]
-        finished = [n for n in live if self.dips[n].ready and self.dips[n].measuring is None]
-        others = [n for n in live if n not in finished and n not in measuring]
+        pinned = {n: w for n, w in pins.items() if n in live}
+        movable = [n for n in live if n not in pinned]
+        budget = 1.0 - sum(pinned.values()) if pinned else 1.0
+        finished = [n for n in movable if self.dips[n].ready and self.dips[n].measuring is None]
+        others = [n for n in movable if n not in finished and n not in measuring]
         max_zero = max(1, math.floor(self.settings.zero_batch_share * len(live)))
         solve_remainder = None
         if finished:
@@ -690,17 +758,19 @@ class VipController:
                 objective = self.settings.solver_objective
                 first = self._solve(list(dips), total, {}, objective).weights
                 return self._hold_ramps(list(dips), total, {}, objective, first, self._ramp_caps(now, first, dips))
-        capacity = {n: self._capacity_estimate(n, equal) for n in live}
+        capacity = {n: self._capacity_estimate(n, equal) for n in movable}
         by_capacity = self.settings.measurement_remainder == "capacity"
         schedule = schedule_round(requests, finished, others, solve_remainder, max_zero=max_zero,
-                                  capacity=capacity if by_capacity else None, fallback_capacity=capacity)
+                                  capacity=capacity if by_capacity else None, fallback_capacity=capacity,
+                                  budget=budget)
         self.scheduled = dict(schedule.scheduled)
         self.measurement_rounds += 1
         note = (f"measurement round {self.measurement_rounds}: {len(schedule.scheduled)} DIPs at Algorithm 1 weights, "
                 f"{len(schedule.deferred)} deferred; remainder {schedule.remainder:.3f} by {schedule.remainder_method}")
         weights = {n: schedule.weights.get(n, 0.0) for n in self.dips}
         if schedule.remainder_method != "solver":  # the solver already held the ramps (_hold_ramps)
-            self._slow_start_measurement(now, weights, schedule.scheduled, live)
+            self._slow_start_measurement(now, weights, schedule.scheduled, movable)
+        weights.update(pinned)
         return self._emit(weights, now, f"measurement/{schedule.remainder_method}",
                           [*reasons, note] + ([schedule.note] if schedule.note else []), flags=("measuring",),
                           force=True)
@@ -856,7 +926,7 @@ class VipController:
             if (not reasons and not self._curves_changed and self.plan is not None
                     and now < self.applied_at + self.drain_time + s.interval - 1e-9):
                 return None  # ours: the ramp steps once its last step was observed (rounds are stale until then)
-        previous = None if self.plan is None or "measuring" in self.plan.flags else dict(self.plan.weights)
+        previous = None if self.plan is None or "measuring" in self.plan.flags else self._carried()
         weights = apply_rails(
             solved, previous=previous, healthy=healthy, min_weight=s.safety.min_weight,
             max_change=s.safety.max_weight_change, ramp_caps=ramp, fixed=fixed,

@@ -54,9 +54,10 @@ class Schedule:
 
 
 def greedy_fill(
-    requests: Sequence[MeasurementRequest], *, max_zero: int
+    requests: Sequence[MeasurementRequest], *, max_zero: int, budget: float = 1.0
 ) -> tuple[dict[str, float], list[str]]:
-    """Section 4.6's greedy pass: priority then FIFO order, take what fits under a total of 1."""
+    """Section 4.6's greedy pass: priority then FIFO order, take what fits under ``budget`` (1, less
+    what the operator pinned)."""
     taken: dict[str, float] = {}
     deferred: list[str] = []
     total = 0.0
@@ -68,7 +69,7 @@ def greedy_fill(
                 zeros += 1
             else:
                 deferred.append(req.dip)
-        elif total + req.weight <= 1 + SUM_EPSILON:
+        elif total + req.weight <= budget + SUM_EPSILON:
             taken[req.dip] = req.weight
             total += req.weight
         else:
@@ -85,8 +86,12 @@ def schedule_round(
     max_zero: int = 1,
     capacity: Mapping[str, float] | None = None,
     fallback_capacity: Mapping[str, float] | None = None,
+    budget: float = 1.0,
 ) -> Schedule:
     """Build one round: greedy fill, then the remainder via the solver or an equal split.
+
+    ``budget``: the share of the VIP's traffic these DIPs carry together (1, less what pinned DIPs
+    hold); every weight of the schedule sums to it.
 
     ``capacity`` (ours): estimated capacity per DIP; when given, the remainder is spread over
     every DIP not scheduled (finished, deferred, others) in proportion to it instead of going
@@ -95,9 +100,9 @@ def schedule_round(
     instead of the paper's equal split (on a pool of mixed sizes an equal split overloads the
     small DIPs, as round robin does).
     """
-    taken, deferred = greedy_fill(requests, max_zero=max_zero)
+    taken, deferred = greedy_fill(requests, max_zero=max_zero, budget=budget)
     total = sum(taken.values())
-    remainder = max(0.0, 1.0 - total)
+    remainder = max(0.0, budget - total)
     weights = dict(taken)
     finished = [d for d in finished if d not in taken]
     rest = [d for d in (*finished, *deferred, *others) if d not in taken]
@@ -106,7 +111,7 @@ def schedule_round(
     if remainder <= SUM_EPSILON:
         return Schedule(weights, taken, tuple(deferred), 0.0, "none")
     if capacity is not None and rest and _spread_by_capacity(weights, rest, capacity, remainder):
-        return _normalised(weights, taken, deferred, remainder, "capacity")
+        return _normalised(weights, taken, deferred, remainder, "capacity", budget=budget)
     note = ""
     if finished and solve_remainder is not None:
         try:
@@ -115,21 +120,22 @@ def schedule_round(
                 raise KnapsackLBError(f"solver returned {sum(solved.values()):.6f}, wanted {remainder:.6f}")
             for dip in finished:
                 weights[dip] = max(0.0, float(solved.get(dip, 0.0)))
-            return _normalised(weights, taken, deferred, remainder, "solver")
+            return _normalised(weights, taken, deferred, remainder, "solver", budget=budget)
         except KnapsackLBError as exc:
             if fallback_capacity is not None and rest and _spread_by_capacity(weights, rest, fallback_capacity,
                                                                                remainder):
                 return _normalised(weights, taken, deferred, remainder, "capacity",
-                                   f"solver on the remainder failed ({exc}); spread by estimated capacity")
+                                   f"solver on the remainder failed ({exc}); spread by estimated capacity",
+                                   budget=budget)
             note = f"solver on the remainder failed ({exc}); equal split"
     if rest:
         share = remainder / len(rest)
         for dip in rest:
             weights[dip] = share
-        return _normalised(weights, taken, deferred, remainder, "equal-split", note)
+        return _normalised(weights, taken, deferred, remainder, "equal-split", note, budget=budget)
     positive = {d: w for d, w in taken.items() if w > 0}
     if positive:
-        scale = 1.0 / sum(positive.values())
+        scale = budget / sum(positive.values())
         for dip, w in positive.items():
             weights[dip] = w * scale
         # A small scale-up is a measurement at the scaled weights: Algorithm 1 goes on from there (not
@@ -141,7 +147,7 @@ def schedule_round(
                             "no DIP left for the remainder: scheduled weights scaled up, measured there")
         return Schedule(weights, {d: w for d, w in taken.items() if w <= 0}, tuple(deferred), remainder, "scaled",
                         "no DIP left for the remainder: scheduled weights scaled up")
-    share = 1.0 / len(taken)
+    share = budget / len(taken)
     return Schedule({d: share for d in taken}, {}, tuple(deferred), remainder, "equal-split",
                     "every scheduled weight was 0: equal split")
 
@@ -161,9 +167,9 @@ def _spread_by_capacity(
 
 def _normalised(
     weights: dict[str, float], taken: dict[str, float], deferred: list[str], remainder: float, method: str,
-    note: str = "",
+    note: str = "", *, budget: float = 1.0,
 ) -> Schedule:
     total = sum(weights.values())
-    if abs(total - 1.0) > 1e-12 and total > 0:
-        weights = {d: w / total for d, w in weights.items()}
+    if abs(total - budget) > 1e-12 and total > 0:
+        weights = {d: w * budget / total for d, w in weights.items()}
     return Schedule(weights, taken, tuple(deferred), remainder, method, note)

@@ -22,12 +22,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from knapsack_lb.controller.core import VipController
 from knapsack_lb.errors import InvalidInputError
-from knapsack_lb.model import Measurement
+from knapsack_lb.loop import ControlLoop, ExactSink, FunctionSource, TickOutcome, fixed, run_now
+from knapsack_lb.model import DipConfig, Measurement, VipConfig
 from knapsack_lb.names import validate_name
+from knapsack_lb.rounds import RoundSamples, summarise
 
 
 def erlang_c(servers: int, offered: float) -> float:
@@ -294,10 +298,13 @@ class FluidModel:
         return {d.name: self._probe(d, weights[d.name], now, worker) for d in self.dips}
 
     def _probe(self, d: FluidDip, weight: float, now: float, worker: str) -> Measurement:
+        """One round of ``probe_requests`` requests at ``weight``, summarised like the live probes'."""
         n = self.probe_requests
+        round_ = RoundSamples()
         if d.failed:
-            return Measurement(self.vip, d.name, now, weight, n, 0, n, 0, None, None, None, None,
-                               d.failure_latency, worker)
+            for _ in range(n):
+                round_.add_error("refused", d.failure_latency)
+            return summarise(round_, vip=self.vip, dip=d.name, time=now, weight=weight, worker=worker)
         rate = weight * self.total_rate
         errors = int(self._rng.binomial(n, d.error_rate)) if d.error_rate > 0 else 0
         if rate >= d.capacity:
@@ -311,15 +318,47 @@ class FluidModel:
             late = samples > self.timeout
             timeouts = int(late.sum())
             samples = samples[~late]
-            ok = len(samples)
-        mean: float | None = None
-        p50: float | None = None
-        p90: float | None = None
-        p99: float | None = None
-        if ok > 0:
-            mean = float(samples.mean())
-            p50, p90, p99 = (float(x) for x in np.quantile(samples, [0.5, 0.9, 0.99]))
-        return Measurement(
-            self.vip, d.name, now, weight, n, ok, errors, timeouts, mean, p50, p90, p99,
-            d.failure_latency if errors else None, worker,
-        )
+        round_.success_latencies = samples.tolist()
+        for _ in range(errors):
+            round_.add_error("error", d.failure_latency)
+        for _ in range(timeouts):
+            round_.add_timeout(self.timeout)
+        return summarise(round_, vip=self.vip, dip=d.name, time=now, weight=weight, worker=worker)
+
+
+@dataclass
+class FluidLab:
+    """The fluid model as the control loop's source and sink, in virtual time.
+
+    The source is one probe round per tick at the weights in effect (:meth:`FluidModel.measure`);
+    the sink is an LB that carries a plan's fractions exactly (the fluid model has no integer
+    weights) and can be told to fail (``sink.fail_next``). ``config`` is the VIP as the operator
+    set it (pins, drains, pause, dry run); ``remeasure`` requests are taken once, as from the store.
+    """
+
+    model: FluidModel
+    config: VipConfig
+    now: float = 0.0
+    remeasure: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.sink = ExactSink(lambda weights: self.model.set_weights(weights, self.now))
+
+    def loop(self, controller: VipController) -> ControlLoop:
+        source = FunctionSource(lambda now: self.model.measure(now), lambda: self.config, self._take_remeasure)
+        return ControlLoop(controller, source, fixed(self.sink), lambda: self.now)
+
+    def tick(self, loop: ControlLoop, interval: float) -> TickOutcome:
+        """Advance virtual time by ``interval`` and tick the loop once."""
+        self.now += interval
+        return run_now(loop.tick(self.now))
+
+    def _take_remeasure(self) -> frozenset[str]:
+        taken, self.remeasure = frozenset(self.remeasure), set()
+        return taken
+
+
+def vip_config(name: str, dips: Sequence[str], **overrides: Any) -> VipConfig:
+    """A VIP configuration for lab DIPs (their addresses only need the right shape)."""
+    return VipConfig(name=name, dips=tuple(DipConfig(name=d, address=f"127.0.0.1:{10000 + i}")
+                                           for i, d in enumerate(dips)), **overrides)

@@ -1,25 +1,22 @@
-"""The controller service: a thin asyncio loop around ``VipController.step`` (section 5).
+"""The controller service: the control loop of every VIP this process leases (KnapsackLB section 5).
 
 Every ``interval`` seconds the service
 
-1. announces itself (heartbeat in group ``controllers``) and takes or renews the lease of
-   every VIP it can (``acquire_lease``); a VIP leased by another live controller is left
-   alone, a dead controller's leases expire after ``lease_ttl`` and its VIPs are taken over,
-   resuming from the controller state it stored;
-2. steps its VIPs, those whose curves changed first (the paper prioritises VIPs "with a
-   change in the weight-latency curve"): one ``store.snapshot`` round trip, the pure
-   ``step``, then the plan, curves and state go back to the store;
-3. pushes a new plan through the VIP's adapter (entry point ``knapsack_lb.adapters``), or,
-   with no new plan, reads the LB's weights back and re-applies the current plan on a
-   mismatch (someone or something changed the LB behind our back).
+1. announces itself (heartbeat in group ``controllers``) and takes or renews the lease of every
+   VIP it can (``acquire_lease``); a VIP leased by another live controller is left alone, a dead
+   controller's leases expire after ``lease_ttl`` and its VIPs are taken over, resuming from the
+   controller state it stored;
+2. ticks each leased VIP's :class:`~knapsack_lb.loop.ControlLoop`, those whose curves changed
+   first (the paper prioritises VIPs "with a change in the weight-latency curve"): the source is
+   the latency store (one snapshot per tick), the sink the adapter of the operator's load balancer
+   the VIP selects (:mod:`knapsack_lb.service.adapters`), pushed from a worker thread.
 
-Operator overrides in the VIP config are honoured: ``paused`` (nothing is computed or
-pushed), ``dry_run`` (plans are computed and stored, never pushed), ``pins`` and ``drained``
-(fixed weights in every plan); remeasure requests send a DIP back to Algorithm 1.
+Everything else - pause, dry run, pins, drains, re-measure requests, confirmation by the LB,
+re-applying on drift, persisting plans, curves and state - is the loop's (:mod:`knapsack_lb.loop`).
 
 Time: probe rounds carry wall-clock timestamps, so the service steps its controllers on
-``clock.wall()`` when the clock has one (``SystemClock``, ``FakeClock``). Failure: a store
-error in one VIP's step is logged and the VIP is retried next round; the others go on.
+``clock.wall()`` when the clock has one (``SystemClock``, ``FakeClock``). Failure: a store error
+in one VIP's tick is logged and the VIP is retried on the next pass; the others go on.
 """
 
 from __future__ import annotations
@@ -38,7 +35,8 @@ from knapsack_lb.config import KlbConfig
 from knapsack_lb.controller.core import SolverFn, VipController
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.errors import KnapsackLBError
-from knapsack_lb.model import VipConfig, WeightPlan
+from knapsack_lb.loop import APPLY_FAILURES, APPLY_WARNINGS, ControlLoop, Sink, StoreSource, TickOutcome
+from knapsack_lb.model import ApplyResult, VipConfig, WeightPlan
 from knapsack_lb.names import validate_name
 from knapsack_lb.service.adapters import AdapterFactory, AdapterPool, adapter_factory
 from knapsack_lb.store import CONTROLLER_LEASES, CONTROLLER_STATUS, LatencyStore
@@ -46,8 +44,6 @@ from knapsack_lb.store import CONTROLLER_LEASES, CONTROLLER_STATUS, LatencyStore
 log = logging.getLogger(__name__)
 
 LEASE_GROUP = CONTROLLER_LEASES
-MISMATCH_TOLERANCE = 0.01  # total variation distance between planned and read-back weights
-APPLY_FAILURES_KEY = "apply_failures"  # failed pushes, kept in the stored controller state
 
 
 def _wall(clock: Clock) -> float:
@@ -55,21 +51,18 @@ def _wall(clock: Clock) -> float:
     return float(wall()) if callable(wall) else clock.now()
 
 
-def _distance(a: Mapping[str, float], b: Mapping[str, float]) -> float:
-    names = set(a) | set(b)
-    return 0.5 * sum(abs(a.get(n, 0.0) - b.get(n, 0.0)) for n in names)
-
-
 @dataclass
-class VipOutcome:
-    """What one VIP's step did (for logs, status and tests)."""
+class AdapterSink:
+    """A real load balancer behind its adapter; the adapter's blocking calls run in a thread."""
 
-    vip: str
-    plan: WeightPlan | None = None
-    pushed: bool = False
-    reapplied: bool = False
-    skipped: str = ""
-    error: str = ""
+    adapter: Adapter
+
+    async def apply(self, plan: WeightPlan) -> ApplyResult:
+        return await asyncio.to_thread(self.adapter.apply, plan)
+
+    async def read(self) -> Mapping[str, float] | None:
+        carried = await asyncio.to_thread(self.adapter.read)
+        return carried or None
 
 
 def no_load_balancers(vip: VipConfig) -> Adapter:
@@ -80,7 +73,7 @@ def no_load_balancers(vip: VipConfig) -> Adapter:
 
 @dataclass
 class ControllerService:
-    """Runs the VIP controllers of one controller process; see the module docstring."""
+    """Runs the control loops of one controller process; see the module docstring."""
 
     store: LatencyStore
     settings: ControllerSettings = field(default_factory=ControllerSettings)
@@ -89,15 +82,20 @@ class ControllerService:
     adapter_factory: AdapterFactory = no_load_balancers
     solver: SolverFn | None = None
     seed: int = 0
-    controllers: dict[str, VipController] = field(default_factory=dict)
+    loops: dict[str, ControlLoop] = field(default_factory=dict)
     rounds: int = 0
 
     def __post_init__(self) -> None:
         validate_name("controller_id", self.controller_id)
         self.adapters = AdapterPool(self.adapter_factory)
 
+    @property
+    def controllers(self) -> dict[str, VipController]:
+        """The controller of every VIP this process runs."""
+        return {vip: loop.controller for vip, loop in self.loops.items()}
+
     # --- one pass ---------------------------------------------------------------------------
-    async def tick(self) -> list[VipOutcome]:
+    async def tick(self) -> list[TickOutcome]:
         """One pass over the VIPs this process can lease."""
         self.rounds += 1
         ttl = self.settings.lease_ttl
@@ -106,93 +104,59 @@ class ControllerService:
         for vip in sorted(await self.store.list_vips()):
             if await self.store.acquire_lease(LEASE_GROUP, vip, self.controller_id, ttl):
                 owned.append(vip)
-            elif vip in self.controllers:
+            elif vip in self.loops:
                 log.info("VIP leased by another controller; dropping it", extra={"vip": vip})
-                del self.controllers[vip]
-        for gone in set(self.controllers) - set(owned):
-            del self.controllers[gone]
+                del self.loops[vip]
+        for gone in set(self.loops) - set(owned):
+            del self.loops[gone]
         self.adapters.retain(set(owned))
-        owned.sort(key=lambda v: (not (v in self.controllers and self.controllers[v].curves_changed), v))
+        owned.sort(key=lambda v: (not (v in self.loops and self.loops[v].controller.curves_changed), v))
         outcomes = []
+        now = _wall(self.clock)
         for vip in owned:
             try:
-                outcomes.append(await self.step_vip(vip))
+                outcome = await (await self._loop(vip)).tick(now)
             except (KnapsackLBError, OSError, ConnectionError, ValueError) as exc:
                 log.warning("controller step failed", extra={"vip": vip, "error": str(exc)})
-                outcomes.append(VipOutcome(vip, error=f"{type(exc).__name__}: {exc}"))
+                outcome = TickOutcome(vip, error=f"{type(exc).__name__}: {exc}")
+            if outcome.skipped == "no configuration":
+                self.loops.pop(vip, None)
+            outcomes.append(outcome)
         await self.store.put_status(CONTROLLER_STATUS, self.controller_id, {
             "vips": owned, "rounds": self.rounds, "time": _wall(self.clock),
             "errors": {o.vip: o.error for o in outcomes if o.error},
         }, ttl)
         return outcomes
 
-    def _controller(self, config: VipConfig, state: Mapping[str, Any] | None) -> VipController:
-        ctl = self.controllers.get(config.name)
-        if ctl is not None:
-            return ctl
-        rng = random.Random(f"{self.seed}:{config.name}")
+    async def _loop(self, vip: str) -> ControlLoop:
+        loop = self.loops.get(vip)
+        if loop is not None:
+            return loop
+        snap = await self.store.snapshot(vip)
+        loop = ControlLoop(self._controller(vip, snap.config, snap.controller_state), StoreSource(self.store, vip),
+                           self._sink, lambda: _wall(self.clock), state=self.store, read_at_start=True)
+        stored = snap.controller_state or {}
+        loop.counters = {key: int(stored[key]) for key in (APPLY_FAILURES, APPLY_WARNINGS)
+                         if isinstance(stored.get(key), int)}
+        self.loops[vip] = loop
+        return loop
+
+    def _sink(self, config: VipConfig) -> Sink | None:
+        if config.adapter.lb is None:
+            return None
+        return AdapterSink(self.adapters.get(config))
+
+    def _controller(self, vip: str, config: VipConfig | None, state: Mapping[str, Any] | None) -> VipController:
+        names = [d.name for d in config.dips] if config is not None else []
+        rng = random.Random(f"{self.seed}:{vip}")
         if state:
             try:
                 ctl = VipController.from_dict(state, self.settings, rng=rng, solver=self.solver)
-                log.info("resumed controller state from the store", extra={"vip": config.name})
+                log.info("resumed controller state from the store", extra={"vip": vip})
+                return ctl
             except (KnapsackLBError, KeyError, TypeError, ValueError) as exc:
-                log.warning("stored controller state unusable; starting fresh",
-                            extra={"vip": config.name, "error": str(exc)})
-                ctl = None
-        if ctl is None:
-            ctl = VipController(config.name, [d.name for d in config.dips], self.settings, rng=rng, solver=self.solver)
-        self.controllers[config.name] = ctl
-        return ctl
-
-    async def step_vip(self, vip: str) -> VipOutcome:
-        snap = await self.store.snapshot(vip)
-        config = snap.config
-        if config is None:
-            return VipOutcome(vip, skipped="no configuration")
-        ctl = self._controller(config, snap.controller_state)
-        if config.paused:
-            return VipOutcome(vip, skipped="paused")
-        remeasure = await self.store.take_remeasure_requests(vip)
-        now = _wall(self.clock)
-        plan = ctl.step(now, snap.latest, config=config, remeasure=remeasure)
-        outcome = VipOutcome(vip, plan=plan)
-        if plan is not None:
-            await self.store.put_plan(plan)
-            await self.store.put_curves(vip, ctl.curve_records())
-        state = ctl.to_dict()
-        state[APPLY_FAILURES_KEY] = int((snap.controller_state or {}).get(APPLY_FAILURES_KEY, 0))
-        await self.store.put_controller_state(vip, state)
-        if config.dry_run:
-            outcome.skipped = "dry run"
-            return outcome
-        if config.adapter.lb is None:
-            outcome.skipped = "no load balancer selected"
-            return outcome
-        current = plan or ctl.plan
-        if current is None:
-            return outcome
-        adapter = self.adapters.get(config)
-        if plan is not None:
-            result = await asyncio.to_thread(adapter.apply, plan)
-            outcome.pushed = result.ok
-            if not result.ok:
-                outcome.error = f"adapter {result.adapter} refused the plan: {result.reason}"
-                await self._count_apply_failure(vip, state)
-            return outcome
-        live = await asyncio.to_thread(adapter.read)
-        if _distance(live, current.weights) > MISMATCH_TOLERANCE:
-            log.warning("LB weights differ from the plan; re-applying", extra={"vip": vip})
-            result = await asyncio.to_thread(adapter.apply, current)
-            outcome.reapplied = result.ok
-            if not result.ok:
-                outcome.error = f"re-apply failed: {result.reason}"
-                await self._count_apply_failure(vip, state)
-        return outcome
-
-    async def _count_apply_failure(self, vip: str, state: dict[str, Any]) -> None:
-        """Keep the VIP's count of failed pushes in its stored state (the API's apply-failure metric)."""
-        state[APPLY_FAILURES_KEY] += 1
-        await self.store.put_controller_state(vip, state)
+                log.warning("stored controller state unusable; starting fresh", extra={"vip": vip, "error": str(exc)})
+        return VipController(vip, names, self.settings, rng=rng, solver=self.solver)
 
     # --- the loop ------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event | None = None, *, max_rounds: int | None = None) -> None:
@@ -211,7 +175,7 @@ class ControllerService:
                     await asyncio.wait_for(stop.wait(), timeout=wait)
             else:
                 await self.clock.sleep(wait)
-        for vip in list(self.controllers):
+        for vip in list(self.loops):
             with contextlib.suppress(KnapsackLBError, OSError, ConnectionError):
                 await self.store.release_lease(LEASE_GROUP, vip, self.controller_id)
         self.adapters.close()

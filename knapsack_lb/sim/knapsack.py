@@ -1,14 +1,21 @@
-"""KnapsackLB in the simulator: the project's real controller on simulated time with simulated probes.
+"""KnapsackLB in the simulator: the project's control loop on simulated time with simulated probes.
 
 Every ``ControllerSettings.interval`` (5 s, section 5) a probe round runs against every DIP: the
 KLM sends ``knapsack.probe_requests`` requests straight to each DIP, bypassing the LB (section 3.2),
 spread over the latter ``probe_window`` part of the interval (so a round sees the weights in effect,
 not the transition from the last change; at layer 4 old connections keep their DIP, section 4.7).
 The probe requests are real requests: they queue and are served like client traffic. At the end of
-the interval the round becomes one ``Measurement`` per DIP (successes, errors, timeouts, latency
-mean and percentiles, failure latency) and ``VipController.step(now, observations)`` runs,
-unchanged; a new ``WeightPlan`` is pushed to every MUX's smooth weighted round robin, where it
-applies to new connections (layer 4) or new requests (layer 7).
+the interval the round is summarised by the live probes' own function (:func:`knapsack_lb.rounds.summarise`)
+and the one :class:`~knapsack_lb.loop.ControlLoop` ticks: the controller steps, and a plan goes to a
+simulated load balancer that rounds it to the integers of ``knapsack.lb`` exactly as that LB's adapter
+does (HAProxy 0-256 by default) before every MUX's data plane uses it: smooth weighted round robin at
+layer 4, weighted least connections at layer 7 (``knapsack.data_plane``). New weights apply to new
+connections (layer 4) or new requests (layer 7).
+
+Operator paths run too: scenario events ``pin``, ``unpin``, ``drain``, ``undrain``, ``pause``,
+``resume``, ``dry_run`` change the VIP's configuration the loop reads, and ``apply_fail`` makes the
+simulated LB refuse the next applies. The result's series say what happened (``plans``, ``applies``,
+``operator``).
 
 How it fails: while curves are being built (Algorithm 1, 8-10 iterations of 1-2 rounds in the
 paper, section 6.1) the weights are measurement weights, not optimal ones; ``warmup`` should cover
@@ -18,23 +25,83 @@ that phase when comparing steady states. The clock is ``SimClock`` over the engi
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
-
-import numpy as np
 
 from knapsack_lb.clock import SimClock
 from knapsack_lb.controller.core import VipController
 from knapsack_lb.controller.settings import ControllerSettings
-from knapsack_lb.model import Measurement, WeightPlan
+from knapsack_lb.loop import ControlLoop, Observation, QuantisingSink, fixed, run_now
+from knapsack_lb.model import ApplyResult, DipConfig, Measurement, VipConfig, WeightPlan
+from knapsack_lb.rounds import RoundSamples, summarise
 from knapsack_lb.sim.metrics import SimResult
 from knapsack_lb.sim.policies.base import Outcome
 from knapsack_lb.sim.simulation import Simulation
-from knapsack_lb.sim.spec import PolicySpec, Scenario
+from knapsack_lb.sim.spec import OPERATOR_EVENTS, EventSpec, PolicySpec, Scenario
+
+DATA_PLANES = {"smooth_wrr": "knapsack", "weighted_least_connections": "weighted_least_connections"}
+
+
+def sim_address(index: int) -> str:
+    """A DIP's address in the simulator's VIP configuration (only its shape matters)."""
+    return f"10.{index // 62500 % 256}.{index // 250 % 250}.{index % 250 + 1}:80"
+
+
+class SimKlm:
+    """The simulated probes: requests straight to each DIP, one round per interval, summarised
+    like the live worker's rounds and stamped with the split the simulated LB carries."""
+
+    def __init__(self, sim: Simulation, vip: str, interval: float, carried: Callable[[], Mapping[str, float]]) -> None:
+        spec = sim.scenario.knapsack
+        self.sim = sim
+        self.vip = vip
+        self.interval = interval
+        self.carried = carried
+        self.rng = random.Random(f"{sim.seed}/klm")
+        self.probe_requests = spec.probe_requests
+        self.probe_timeout = spec.probe_timeout
+        self.probe_window = spec.probe_window
+        self.round: list[list[Outcome]] = [[] for _ in sim.names]
+
+    def schedule(self, start: float) -> None:
+        begin = start + self.interval * (1.0 - self.probe_window)
+        span = self.interval * self.probe_window
+        lb = self.sim.lbs[0]
+        for dip in range(len(self.sim.names)):
+            for i in range(self.probe_requests):
+                at = begin + span * (i + self.rng.random()) / self.probe_requests
+                at = min(at, start + self.interval - self.probe_timeout - 1e-6) if span > self.probe_timeout else at
+                self.sim.engine.at(max(at, self.sim.engine.now), self._send, (lb, dip))
+
+    def _send(self, item: tuple[Any, int]) -> None:
+        lb, dip = item
+        self.sim.send_probe(lb, dip, timeout=self.probe_timeout, serve=True, on_outcome=self.round[dip].append)
+
+    def take(self, now: float) -> dict[str, Measurement]:
+        """The round that just ended, per DIP that was probed."""
+        carried = self.carried()
+        equal = 1.0 / len(self.sim.names)
+        out = {}
+        for dip, outcomes in enumerate(self.round):
+            if not outcomes:
+                continue
+            samples = RoundSamples()
+            for o in outcomes:
+                if o.status == "ok":
+                    samples.success_latencies.append(o.latency)
+                elif o.status == "timeout":
+                    samples.add_timeout(o.latency)
+                else:
+                    samples.add_error(o.status, o.latency)
+            name = self.sim.names[dip]
+            out[name] = summarise(samples, vip=self.vip, dip=name, time=now,
+                                  weight=carried.get(name, equal) if carried else equal, worker="sim-klm")
+        self.round = [[] for _ in self.sim.names]
+        return out
 
 
 class KnapsackDriver:
-    """Attaches a ``VipController`` and a simulated KLM to a ``Simulation``."""
+    """Attaches a :class:`ControlLoop` (the live one), a simulated KLM and a simulated LB to a simulation."""
 
     def __init__(self, sim: Simulation, settings: ControllerSettings | None = None, vip: str = "vip") -> None:
         self.sim = sim
@@ -42,86 +109,71 @@ class KnapsackDriver:
         overrides = dict(spec.settings)
         overrides.setdefault("interval", spec.probe_interval)
         self.settings = settings or ControllerSettings.model_validate(overrides)
-        self.clock = SimClock(lambda: sim.engine.now)
-        self.controller = VipController(vip, sim.names, self.settings, rng=random.Random(f"{sim.seed}/controller"))
         self.vip = vip
-        self.rng = random.Random(f"{sim.seed}/klm")
-        self.probe_requests = spec.probe_requests
-        self.probe_timeout = spec.probe_timeout
-        self.probe_window = spec.probe_window
-        self.weights = [1.0 / len(sim.names)] * len(sim.names)
-        self.round: list[list[Outcome]] = [[] for _ in sim.names]
+        self.config = VipConfig(name=vip, objective=self.settings.solver_objective,
+                                dips=tuple(DipConfig(name=n, address=sim_address(i)) for i, n in enumerate(sim.names)))
+        self.controller = VipController(vip, sim.names, self.settings, rng=random.Random(f"{sim.seed}/controller"))
+        self.sink = QuantisingSink(spec.lb, self._push)
+        self.klm = SimKlm(sim, vip, self.settings.interval, lambda: self.sink.carried)
+        clock = SimClock(lambda: sim.engine.now)
+        self.loop = ControlLoop(self.controller, self, fixed(self.sink), clock.now, on_apply=self._applied)
         self.plans: list[dict[str, Any]] = []
-        sim.set_weights(self.weights)
+        self.applies: list[dict[str, Any]] = []
+        self.operator: list[dict[str, Any]] = []
+        sim.set_weights([1.0 / len(sim.names)] * len(sim.names))
 
+    # --- the loop's source ------------------------------------------------------------------------
+    async def observe(self, now: float) -> Observation | None:
+        return Observation(self.klm.take(now), self.config)
+
+    # --- the simulated load balancer ----------------------------------------------------------------
+    def _push(self, carried: dict[str, float]) -> None:
+        weights = [float(carried.get(name, 0.0)) for name in self.sim.names]
+        if sum(weights) > 0:  # never an all-zero split (the controller never plans one)
+            self.sim.set_weights(weights)
+
+    def _applied(self, plan: WeightPlan, result: ApplyResult, at: float) -> None:
+        self.applies.append({"time": at, "version": plan.version, "ok": result.ok, "reason": result.reason})
+        if result.ok:
+            self.plans.append({"time": at, "weights": dict(self.sink.carried), "flags": list(plan.flags),
+                               "reasons": list(plan.reasons), "method": plan.method})
+
+    # --- operator events ---------------------------------------------------------------------------------
+    def _operator(self, ev: EventSpec) -> None:
+        names = [self.sim.names[i] for i in self.sim.scenario.resolve(ev.dips)] if ev.dips else []
+        config = self.config
+        if ev.kind == "pin":
+            assert ev.weight is not None
+            config = config.model_copy(update={"pins": {**config.pins, **dict.fromkeys(names, ev.weight)}})
+        elif ev.kind == "unpin":
+            config = config.model_copy(update={"pins": {d: w for d, w in config.pins.items() if d not in names}})
+        elif ev.kind == "drain":
+            config = config.model_copy(update={"drained": tuple(dict.fromkeys([*config.drained, *names]))})
+        elif ev.kind == "undrain":
+            config = config.model_copy(update={"drained": tuple(d for d in config.drained if d not in names)})
+        elif ev.kind in ("pause", "resume"):
+            config = config.model_copy(update={"paused": ev.kind == "pause"})
+        elif ev.kind == "dry_run":
+            config = config.model_copy(update={"dry_run": bool(ev.enabled)})
+        elif ev.kind == "apply_fail":
+            assert ev.count is not None
+            self.sink.fail_next.extend([f"simulated {self.sink.lb} refused the plan"] * ev.count)
+        self.config = VipConfig.model_validate(config.model_dump())
+        self.operator.append({"time": self.sim.engine.now, "kind": ev.kind, "dips": names})
+
+    # --- time -------------------------------------------------------------------------------------------
     def start(self) -> None:
         interval = self.settings.interval
-        self._schedule_round(0.0)
+        for ev in self.sim.scenario.events:
+            if ev.kind in OPERATOR_EVENTS:
+                self.sim.engine.at(ev.at, self._operator, ev)
+        self.klm.schedule(0.0)
         self.sim.engine.every(interval, self._step, until=self.sim.scenario.duration)
 
-    def _schedule_round(self, start: float) -> None:
-        interval = self.settings.interval
-        begin = start + interval * (1.0 - self.probe_window)
-        span = interval * self.probe_window
-        lb = self.sim.lbs[0]
-        for dip in range(len(self.sim.names)):
-            for i in range(self.probe_requests):
-                at = begin + span * (i + self.rng.random()) / self.probe_requests
-                at = min(at, start + interval - self.probe_timeout - 1e-6) if span > self.probe_timeout else at
-                self.sim.engine.at(max(at, self.sim.engine.now), self._send, (lb, dip))
-
-    def _send(self, item: tuple[Any, int]) -> None:
-        lb, dip = item
-        self.sim.send_probe(lb, dip, timeout=self.probe_timeout, serve=True, on_outcome=self.round[dip].append)
-
-    def _measurement(self, dip: int, now: float) -> Measurement:
-        outcomes = self.round[dip]
-        ok = np.array([o.latency for o in outcomes if o.status == "ok"])
-        failures = [o.latency for o in outcomes if o.status in ("error", "rejected")]
-        timeouts = sum(1 for o in outcomes if o.status == "timeout")
-        pct = np.percentile(ok, [50, 90, 99]) if ok.size else None
-        return Measurement(
-            vip=self.vip,
-            dip=self.sim.names[dip],
-            time=now,
-            weight=self.weights[dip],
-            sent=len(outcomes),
-            successes=int(ok.size),
-            errors=len(failures),
-            timeouts=timeouts,
-            latency_mean=float(ok.mean()) if ok.size else None,
-            latency_p50=float(pct[0]) if pct is not None else None,
-            latency_p90=float(pct[1]) if pct is not None else None,
-            latency_p99=float(pct[2]) if pct is not None else None,
-            failure_latency_mean=float(np.mean(failures)) if failures else None,
-            worker="sim-klm",
-        )
-
     def _step(self, now: float) -> None:
-        observations = {
-            self.sim.names[d]: self._measurement(d, now) for d in range(len(self.sim.names)) if self.round[d]
-        }
-        self.round = [[] for _ in self.sim.names]
-        plan = self.controller.step(now, observations)
-        if plan is not None:
-            self.apply(plan, now)
+        run_now(self.loop.tick(now))
         if now + self.settings.interval <= self.sim.scenario.duration:
-            self._schedule_round(now)
-
-    def apply(self, plan: WeightPlan, now: float) -> None:
-        self.weights = [float(plan.weights.get(name, 0.0)) for name in self.sim.names]
-        if sum(self.weights) <= 0:
-            return  # never push an all-zero plan (the controller should not produce one)
-        self.sim.set_weights(self.weights)
-        self.plans.append(
-            {
-                "time": now,
-                "weights": dict(zip(self.sim.names, self.weights, strict=True)),
-                "flags": list(plan.flags),
-                "reasons": list(plan.reasons),
-                "method": plan.method,
-            }
-        )
+            self.klm.schedule(now)
 
 
 def run_knapsack(
@@ -130,11 +182,17 @@ def run_knapsack(
     seed: int | None = None,
     progress: Callable[[float], None] | None = None,
 ) -> SimResult:
-    sim = Simulation(scenario, spec, seed)
+    """One KnapsackLB run: the data plane of ``knapsack.data_plane`` carries the controller's weights."""
+    data_plane = DATA_PLANES[scenario.knapsack.data_plane]
+    sim_spec = spec if data_plane == spec.name else spec.model_copy(update={"name": data_plane,
+                                                                            "label": spec.display})
+    sim = Simulation(scenario, sim_spec, seed)
     driver = KnapsackDriver(sim, vip=_vip_name(scenario.name))
     driver.start()
     result = sim.run(progress)
     result.series["plans"] = driver.plans
+    result.series["applies"] = driver.applies
+    result.series["operator"] = driver.operator
     result.series["controller_events"] = list(driver.controller.events_log)
     return result
 

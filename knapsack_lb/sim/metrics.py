@@ -119,7 +119,32 @@ class SimResult:
             name: {"utilization": round(u, 4), "share": round(s, 4)}
             for name, u, s in zip(self.dip_names, self.dip_utilization, self.dip_share, strict=True)
         }
+        if "applies" in self.series:
+            out["controller"] = controller_summary(self.series)
         return out
+
+
+def controller_summary(series: dict[str, Any]) -> dict[str, Any]:
+    """What KnapsackLB's control loop did in a run: plans the simulated LB carried, refused applies,
+    and for each operator action the first split carried after it (weights rounded to 0.001)."""
+    plans = series.get("plans", [])
+    applies = series.get("applies", [])
+
+    def split(weights: dict[str, float]) -> dict[str, float]:
+        return {d: round(w, 3) for d, w in weights.items()}
+
+    after = []
+    for action in series.get("operator", []):
+        carried = next((p for p in plans if p["time"] >= action["time"]), None)
+        after.append({**action, "next_plan_at": None if carried is None else carried["time"],
+                      "next_weights": None if carried is None else split(carried["weights"])})
+    return {
+        "plans_carried": len(plans),
+        "applies_refused": [{"time": a["time"], "version": a["version"], "reason": a["reason"]}
+                            for a in applies if not a["ok"]],
+        "operator": after,
+        "final_weights": split(plans[-1]["weights"]) if plans else {},
+    }
 
 
 def summarise(

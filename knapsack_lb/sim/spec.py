@@ -203,8 +203,14 @@ class EventSpec(_Frozen):
     """Something that happens at a scheduled time."""
 
     at: float = Field(ge=0, description="Time in seconds.")
-    kind: Literal["fail", "restart", "capacity", "errors", "traffic"] = Field(description="What happens.")
-    dips: tuple[str | int, ...] = Field((), description="DIPs concerned (fail, restart, capacity, errors).")
+    kind: Literal[
+        "fail", "restart", "capacity", "errors", "traffic",
+        "pin", "unpin", "drain", "undrain", "pause", "resume", "dry_run", "apply_fail",
+    ] = Field(description="What happens: to the DIPs and the traffic, or (pin ... apply_fail) what an operator "
+              "does to KnapsackLB's VIP and its load balancer.")
+    dips: tuple[str | int, ...] = Field(
+        (), description="DIPs concerned (fail, restart, capacity, errors, pin, unpin, drain, undrain)."
+    )
     mode: Literal["fast", "hang"] = Field(
         "fast", description="fail: fast = refuses at once; hang = never answers (needs lb.timeout)."
     )
@@ -214,13 +220,17 @@ class EventSpec(_Frozen):
     probability: float | None = Field(None, ge=0, le=1, description="errors: new error probability.")
     latency: Literal["fast", "slow"] = Field("fast", description="errors: failure latency.")
     factor: float | None = Field(None, gt=0, description="traffic: multiply the offered rate by this.")
+    weight: float | None = Field(None, ge=0, le=1, description="pin: the weight the DIP is held at.")
+    enabled: bool | None = Field(None, description="dry_run: on (true) or off (false).")
+    count: int | None = Field(None, ge=1, description="apply_fail: how many applies in a row the LB refuses.")
 
     @model_validator(mode="after")
     def _needs(self) -> EventSpec:
-        need = {"capacity": "speed", "errors": "probability", "traffic": "factor"}.get(self.kind)
+        need = {"capacity": "speed", "errors": "probability", "traffic": "factor", "pin": "weight",
+                "dry_run": "enabled", "apply_fail": "count"}.get(self.kind)
         if need is not None and getattr(self, need) is None:
             raise ValueError(f"event kind {self.kind!r} at {self.at} needs field {need!r}")
-        if self.kind in ("fail", "restart", "capacity", "errors") and not self.dips:
+        if self.kind in ("fail", "restart", "capacity", "errors", *OPERATOR_DIP_EVENTS) and not self.dips:
             raise ValueError(f"event kind {self.kind!r} at {self.at} needs 'dips'")
         return self
 
@@ -252,9 +262,21 @@ class PolicySpec(_Frozen):
         return self.label or self.name
 
 
+OPERATOR_DIP_EVENTS = ("pin", "unpin", "drain", "undrain")
+OPERATOR_EVENTS = (*OPERATOR_DIP_EVENTS, "pause", "resume", "dry_run", "apply_fail")
+
+
 class KnapsackSpec(_Frozen):
     """KnapsackLB controller inside the simulator (policy name 'knapsack')."""
 
+    lb: Literal["haproxy", "nginx", "envoy", "powerdns", "recording"] = Field(
+        "haproxy", description="Which load balancer's integer weights the simulated LB carries (rounded exactly "
+        "as that adapter rounds them)."
+    )
+    data_plane: Literal["smooth_wrr", "weighted_least_connections"] = Field(
+        "smooth_wrr", description="How the MUXes use the learned weights: smooth weighted round robin (layer 4), "
+        "or weighted least connections (layer 7, as HAProxy leastconn does)."
+    )
     probe_interval: float = Field(5.0, gt=0, description="Seconds between probe rounds (KLM).")
     probe_requests: int = Field(20, ge=1, description="Probe requests per DIP per round (N).")
     probe_timeout: float = Field(1.0, gt=0, description="Seconds before a probe request counts as a timeout.")

@@ -43,6 +43,24 @@ class CurveRecord:
 
 
 @dataclass(frozen=True)
+class InForce:
+    """The weights a load balancer confirmed it carries for a VIP: fractions per DIP, the plan
+    version they came from, and when the LB confirmed them (seconds, wall clock). The probe workers
+    stamp their rounds with these weights, never with a plan that did not reach the LB."""
+
+    weights: Mapping[str, float]
+    version: int
+    at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"weights": dict(self.weights), "version": self.version, "at": self.at}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> InForce:
+        return cls({str(k): float(v) for k, v in data["weights"].items()}, int(data["version"]), float(data["at"]))
+
+
+@dataclass(frozen=True)
 class VipSnapshot:
     """Everything about one VIP, read in one round trip."""
 
@@ -52,6 +70,7 @@ class VipSnapshot:
     curves: Mapping[str, CurveRecord]
     controller_state: Mapping[str, Any] | None
     remeasure: frozenset[str]
+    in_force: InForce | None = None
 
 
 @runtime_checkable
@@ -90,6 +109,12 @@ class LatencyStore(Protocol):
     async def curves(self, vip: str) -> dict[str, CurveRecord]: ...
 
     async def put_controller_state(self, vip: str, state: Mapping[str, Any]) -> None: ...
+
+    async def put_in_force(self, vip: str, in_force: InForce) -> None:
+        """Record the weights the VIP's load balancer confirmed it carries."""
+        ...
+
+    async def in_force(self, vip: str) -> InForce | None: ...
 
     async def controller_state(self, vip: str) -> dict[str, Any] | None: ...
 

@@ -20,7 +20,7 @@ from knapsack_lb.clock import Clock, SystemClock
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.model import Measurement, VipConfig, WeightPlan
 from knapsack_lb.names import validate_name
-from knapsack_lb.store import CurveRecord, VipSnapshot
+from knapsack_lb.store import CurveRecord, InForce, VipSnapshot
 from knapsack_lb.store.redis import DEFAULT_PLAN_HISTORY, DEFAULT_RETENTION_COUNT, DEFAULT_RETENTION_SECONDS
 
 
@@ -33,6 +33,7 @@ class _VipData:
     curves: dict[str, CurveRecord] = field(default_factory=dict)
     state: dict[str, Any] | None = None
     remeasure: set[str] = field(default_factory=set)
+    in_force: InForce | None = None
 
 
 class MemoryLatencyStore:
@@ -156,6 +157,13 @@ class MemoryLatencyStore:
         data = self._vips.get(validate_name("vip", vip))
         return copy.deepcopy(data.state) if data and data.state is not None else None
 
+    async def put_in_force(self, vip: str, in_force: InForce) -> None:
+        self._vip(vip).in_force = in_force
+
+    async def in_force(self, vip: str) -> InForce | None:
+        data = self._vips.get(validate_name("vip", vip))
+        return data.in_force if data else None
+
     async def request_remeasure(self, vip: str, dip: str) -> None:
         self._vip(vip).remeasure.add(validate_name("dip", dip))
 
@@ -174,6 +182,7 @@ class MemoryLatencyStore:
         return VipSnapshot(
             config=data.config, latest=latest, current_plan=data.plan, curves=dict(data.curves),
             controller_state=copy.deepcopy(data.state), remeasure=frozenset(data.remeasure),
+            in_force=data.in_force,
         )
 
     # --- leases and membership -------------------------------------------------------------

@@ -55,7 +55,7 @@ import redis.asyncio as aioredis
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.model import Measurement, VipConfig, WeightPlan
 from knapsack_lb.names import validate_name
-from knapsack_lb.store import CurveRecord, VipSnapshot
+from knapsack_lb.store import CurveRecord, InForce, VipSnapshot
 
 DEFAULT_RETENTION_COUNT = 2000
 DEFAULT_RETENTION_SECONDS = 24 * 3600.0
@@ -276,7 +276,7 @@ class RedisLatencyStore:
         """Delete the VIP's configuration and every key of it (measurements, plans, curves ...)."""
         dips = [_text(d) for d in await self.client.smembers(self._vk(vip, "mdips"))]
         keys = [self._vk(vip, s) for s in ("config", "mdips", "latest", "plan", "plans", "curves", "state",
-                                           "remeasure")]
+                                           "remeasure", "lb")]
         keys += [self._mkey(vip, dip) for dip in dips]
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.delete(*keys)
@@ -378,6 +378,13 @@ class RedisLatencyStore:
         text = await self.client.get(self._vk(vip, "state"))
         return None if text is None else dict(json.loads(text))
 
+    async def put_in_force(self, vip: str, in_force: InForce) -> None:
+        await self.client.set(self._vk(vip, "lb"), _dumps(in_force.to_dict(), "in_force"))
+
+    async def in_force(self, vip: str) -> InForce | None:
+        text = await self.client.get(self._vk(vip, "lb"))
+        return None if text is None else InForce.from_dict(json.loads(text))
+
     async def request_remeasure(self, vip: str, dip: str) -> None:
         await self.client.sadd(self._vk(vip, "remeasure"), validate_name("dip", dip))
 
@@ -399,7 +406,8 @@ class RedisLatencyStore:
             pipe.hgetall(self._vk(vip, "curves"))
             pipe.get(self._vk(vip, "state"))
             pipe.smembers(self._vk(vip, "remeasure"))
-            config, latest_raw, plan, curves_raw, state, remeasure = await pipe.execute()
+            pipe.get(self._vk(vip, "lb"))
+            config, latest_raw, plan, curves_raw, state, remeasure, in_force = await pipe.execute()
         latest = {dip: Measurement.from_dict(json.loads(text)) for dip, text in latest_raw.items()}
         if measurements_since is not None:
             latest = {dip: m for dip, m in latest.items() if m.time >= measurements_since}
@@ -410,6 +418,7 @@ class RedisLatencyStore:
             curves={dip: curve_record_from_dict(json.loads(t)) for dip, t in curves_raw.items()},
             controller_state=None if state is None else dict(json.loads(state)),
             remeasure=frozenset(remeasure),
+            in_force=None if in_force is None else InForce.from_dict(json.loads(in_force)),
         )
 
     # --- leases and membership -------------------------------------------------------------------

@@ -11,6 +11,8 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,7 +166,65 @@ async def test_failed_pushes_are_counted_in_the_stored_state(store: RedisLatency
         await world.probe_round()
         world.adapter.fail_next = "LB unreachable"
         outcome = (await service.tick())[0]
-        failed += outcome.error is not None
+        failed += bool(outcome.error)
     assert failed >= 1
     state = await store.controller_state("web")
     assert state is not None and apply_failures(state) == failed
+
+
+async def test_a_refused_apply_keeps_the_confirmed_weights_in_a_real_haproxy(
+        store: RedisLatencyStore, tmp_path: Path) -> None:
+    """The live environment of the one loop: Redis as source and state, a real HAProxy as sink.
+    While HAProxy's admin socket is unreachable every push fails; HAProxy keeps the weights it
+    confirmed last, the controller keeps learning only from those, the store's in-force record
+    does not move; once the socket is back the pending plan goes through."""
+    from adapters.haproxy import HAProxyAdapter
+    from knapsack_lb.config import LoadBalancerConfig
+    from knapsack_lb.lab.testbed import lb_harness
+    from knapsack_lb.lab.testbed.lb_haproxy import HAProxyTestbed
+    from knapsack_lb.service.adapters import adapter_factory
+
+    names = ("a", "b", "c")
+    with lb_harness.emulated_backends(names, tmp_path / "backends") as backends, \
+            HAProxyTestbed(backends, tmp_path / "haproxy") as haproxy:
+        lbs = {"hx": LoadBalancerConfig(adapter="haproxy", settings=haproxy.adapter_settings)}
+        dips = [FluidDip("a", 1, 100.0), FluidDip("b", 2, 100.0), FluidDip("c", 4, 90.0)]
+        model = FluidModel(dips, total_rate=0.7 * sum(d.capacity for d in dips), vip="web", seed=3)
+        await store.put_vip(VipConfig(name="web", dips=tuple(DipConfig(name=n, address=backends[n]) for n in names),
+                                      adapter=AdapterSpec(lb="hx")))
+        clock = FakeClock(1000.0)
+        service = ControllerService(store, SETTINGS, clock, "ctl-live", adapter_factory=adapter_factory(lbs))
+        reader = HAProxyAdapter.from_config(haproxy.adapter_settings)
+
+        async def round_and_tick() -> Any:
+            clock.advance(SETTINGS.interval)
+            in_force = await store.in_force("web")
+            if in_force is not None:
+                model.set_weights(in_force.weights, clock.now() - SETTINGS.interval)
+            await store.put_measurements(list(model.measure(clock.now()).values()))
+            return (await service.tick())[0]
+
+        for _ in range(6):
+            await round_and_tick()
+        confirmed = await store.in_force("web")
+        assert confirmed is not None
+        lb_before = reader.read_integers()
+        socket_path = Path(haproxy.socket_path)
+        socket_path.rename(socket_path.with_suffix(".away"))  # the admin socket is unreachable
+        try:
+            refused = 0
+            for _ in range(4):
+                outcome = await round_and_tick()
+                refused += bool(outcome.applied is not None and not outcome.applied.ok)
+                ctl = service.controllers["web"]
+                assert ctl.confirmed_version == confirmed.version
+                assert ctl.in_force == pytest.approx(dict(confirmed.weights))
+            assert refused >= 1
+        finally:
+            socket_path.with_suffix(".away").rename(socket_path)
+        assert reader.read_integers() == lb_before
+        assert await store.in_force("web") == confirmed
+        state = await store.controller_state("web")
+        assert state is not None and state["apply_failures"] == refused
+        outcome = await round_and_tick()
+        assert outcome.pushed and service.controllers["web"].confirmed_version > confirmed.version

@@ -134,8 +134,8 @@ async def test_a_vip_with_an_unresolvable_dip_is_skipped_and_others_probed(store
 
 
 def _probe_process(url: str, namespace: str, worker_id: str, log_dir: Path) -> ManagedProcess:
-    # `python -m probes` is `klb probe` without loading the rest of the klb app (faster start).
-    argv = [sys.executable, "-m", "probes", "--redis", url, "--namespace", namespace,
+    # `klb-probe` is `klb probe` without loading the rest of the klb app (faster start).
+    argv = [sys.executable, "-m", "knapsack_lb.cli.probe_main", "--redis", url, "--namespace", namespace,
             "--worker-id", worker_id, "--duration", "60", "--log-format", "json"]
     return ManagedProcess(argv, log_path=log_dir / f"{worker_id}.log").start()
 

@@ -59,15 +59,41 @@ def test_probes_of_a_failed_dip_count_as_errors() -> None:
     driver = KnapsackDriver(sim, vip="klb-test")
     driver.start()
     rounds: list[Measurement] = []
-    real = driver._measurement
+    real = driver.klm.take
 
-    def keep(dip: int, now: float) -> Measurement:
-        m = real(dip, now)
-        rounds.append(m)
-        return m
+    def keep(now: float) -> dict[str, Measurement]:
+        taken = real(now)
+        rounds.extend(taken.values())
+        return taken
 
-    driver._measurement = keep  # type: ignore[method-assign]
+    driver.klm.take = keep  # type: ignore[method-assign]
     sim.run()
     after = [m for m in rounds if m.dip == "slow" and m.time > 25.0]
     assert after and all(m.successes == 0 and m.errors == m.sent for m in after)
     assert driver.plans[-1]["weights"]["slow"] == 0.0  # the controller removed the failed DIP
+
+
+def test_operator_paths_run_through_the_live_loop_in_the_simulator() -> None:
+    """The shipped knapsack-operator scenario: a pin holds, a drain takes the DIP to 0 at once, three
+    refused applies leave the simulated LB on the last confirmed split, the undrained DIP returns."""
+    from knapsack_lb.sim.simulation import run
+    from knapsack_lb.sim.spec import load_scenario
+
+    result = run(load_scenario("knapsack-operator"), "knapsack", seed=1)
+    plans, applies, actions = result.series["plans"], result.series["applies"], result.series["operator"]
+    assert [a["kind"] for a in actions] == ["pin", "drain", "apply_fail", "undrain", "unpin"]
+    pinned = [p for p in plans if 185 <= p["time"] < 350]
+    assert pinned and all(abs(p["weights"]["dip-2"] - 0.15) < 0.005 for p in pinned)  # HAProxy integers
+    drained = [p for p in plans if 220 <= p["time"] < 300]
+    assert drained and all(p["weights"]["dip-3"] == 0.0 for p in drained)
+    refused = [a for a in applies if not a["ok"]]
+    assert len(refused) == 3 and all(260 <= a["time"] < 300 for a in refused)
+    carried_before = [p for p in plans if p["time"] < refused[0]["time"]][-1]["weights"]
+    assert not [p for p in plans if refused[0]["time"] <= p["time"] <= refused[-1]["time"]]  # nothing carried anew
+    names = result.dip_names
+    for t, weights in zip(result.series["window_times"], result.series["weights"], strict=True):
+        if refused[0]["time"] < t <= refused[-1]["time"]:  # every MUX kept the last confirmed split
+            assert dict(zip(names, weights, strict=True)) == pytest.approx(carried_before)
+    assert next(p for p in plans if p["time"] >= 305)["weights"]["dip-3"] > 0  # back in service
+    summary = result.summary()["controller"]
+    assert len(summary["applies_refused"]) == 3 and summary["operator"][1]["next_weights"]["dip-3"] == 0.0

@@ -6,9 +6,9 @@ import pytest
 
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.model import Measurement
+from knapsack_lb.rounds import RoundSamples, nearest_rank, summarise
 from probes.assignment import assigned_to, rendezvous_owner
 from probes.buffer import RoundBuffer
-from probes.summary import RoundSamples, nearest_rank, summarise
 from probes.worker import ProbeWorkerOptions
 
 RESOURCES = [f"web:d{i}" for i in range(300)]

@@ -35,9 +35,9 @@ import numpy as np
 from knapsack_lb.controller.core import VipController
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.errors import InvalidInputError
-from knapsack_lb.lab.fluid import FluidDip, FluidModel, PlanQuality
+from knapsack_lb.lab.fluid import FluidDip, FluidLab, FluidModel, PlanQuality, vip_config
 
-SCENARIOS = ("paper30", "two-dip", "dynamics")
+SCENARIOS = ("paper30", "two-dip", "dynamics", "operator")
 SERVICE_RATE = 100.0  # requests/s per nominal core (10 ms per request)
 LOAD = 0.7
 SETTLED_ROUNDS = 12  # the last minute of a phase: its time-averaged latency is the settled result
@@ -98,7 +98,8 @@ class Run:
         self.model = model
         self.settings = settings
         self.ctl = VipController(model.vip, model.names, settings, rng=random.Random(seed))
-        self.now = 0.0
+        self.lab = FluidLab(model, vip_config(model.vip, model.names, objective=settings.solver_objective))
+        self.loop = self.lab.loop(self.ctl)
         self.plans = 0
         self.max_util_after_build = 0.0
         self.max_raised_util = 0.0
@@ -106,14 +107,15 @@ class Run:
         self.log: list[tuple[float, str]] = []
         model.set_weights({n: 1.0 for n in model.names}, 0.0)
 
+    @property
+    def now(self) -> float:
+        return self.lab.now
+
     def tick(self) -> None:
-        self.now += self.settings.interval
-        observations = self.model.measure(self.now)
         before = self.ctl.plan.weights if self.ctl.plan is not None else {}
-        plan = self.ctl.step(self.now, observations)
+        plan = self.lab.tick(self.loop, self.settings.interval).plan
         if plan is not None:
             self.plans += 1
-            self.model.set_weights(plan.weights, self.now)
             for reason in plan.reasons:
                 self.log.append((self.now, reason))
             if self.built_at is not None:
@@ -253,9 +255,54 @@ def run_dynamics(seed: int, settings: ControllerSettings, phase_rounds: int = 36
             "phases": phases, "events_logged": [f"{t:.0f}s {r}" for t, r in run.log if t > 0][-60:]}
 
 
+def run_operator(seed: int, settings: ControllerSettings, phase_rounds: int = 12,
+                 on_tick: Callable[[float], None] | None = None) -> dict[str, Any]:
+    """What an operator does, through the loop, once paper30's curves are built: pin DIP-29 (8 vCPU)
+    at 0.1, drain DIP-17, undrain it while the LB refuses three plans in a row, lift the pin. Per
+    phase: the pinned and drained DIPs' weights as the LB carries them, the refused applies, and the
+    settled latency against the oracle (the oracle knows neither pin nor drain)."""
+    dips = paper30_dips(seed)
+    model = FluidModel(dips, total_rate=LOAD * sum(d.capacity for d in dips), vip="operator", seed=seed)
+    run = Run(model, settings, seed, on_tick)
+    run.run_until_built()
+    base = run.lab.config
+
+    def configure(**changes: Any) -> None:
+        run.lab.config = run.lab.config.model_copy(update=changes)
+
+    def undrain_refused() -> None:
+        run.lab.sink.fail_next.extend(["admin socket unreachable"] * 3)
+        configure(drained=())
+
+    steps: list[tuple[str, Callable[[], None]]] = [
+        ("pin dip-29 at 0.1", lambda: configure(pins={"dip-29": 0.1})),
+        ("drain dip-17", lambda: configure(drained=("dip-17",))),
+        ("undrain dip-17; the LB refuses 3 plans", undrain_refused),
+        ("unpin dip-29", lambda: configure(pins={})),
+    ]
+    assert base.pins == {}
+    phases = []
+    for title, act in steps:
+        act()
+        refused = 0
+        carried_while: list[dict[str, float]] = []
+        for _ in range(phase_rounds):
+            outcome = run.lab.tick(run.loop, settings.interval)
+            refused += outcome.applied is not None and not outcome.applied.ok
+            carried_while.append(dict(run.ctl.in_force))
+        in_force = run.ctl.in_force
+        oracle = model.oracle().quality.mean_latency
+        phases.append({"phase": title, "refused_applies": refused,
+                       "dip-29": round(in_force.get("dip-29", 0.0), 4), "dip-17": round(in_force.get("dip-17", 0.0), 4),
+                       "dip-17_max_during": round(max(c.get("dip-17", 0.0) for c in carried_while), 4),
+                       "vs_oracle": round(model.quality(in_force).mean_latency / oracle - 1, 4)})
+    return {"scenario": "operator", "seed": seed, "dips": 30, "load": LOAD, **_measurement_summary(run),
+            "phases": phases}
+
+
 def expected_rounds(name: str) -> int:
     """Roughly how many control intervals a scenario runs (for progress bars)."""
-    return {"paper30": 45, "two-dip": 36, "dynamics": 45 + 3 * 36}.get(name, 50)
+    return {"paper30": 45, "two-dip": 36, "dynamics": 45 + 3 * 36, "operator": 45 + 4 * 12}.get(name, 50)
 
 
 def run_scenario(name: str, *, seed: int = 1, settings: ControllerSettings | None = None,
@@ -268,6 +315,8 @@ def run_scenario(name: str, *, seed: int = 1, settings: ControllerSettings | Non
         return run_static("two-dip", two_dip_dips(), seed, settings, on_tick=on_tick)
     if name == "dynamics":
         return run_dynamics(seed, settings, on_tick=on_tick)
+    if name == "operator":
+        return run_operator(seed, settings, on_tick=on_tick)
     raise InvalidInputError("scenario", name, f"must be one of {list(SCENARIOS)}")
 
 

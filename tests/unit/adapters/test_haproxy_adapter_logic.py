@@ -12,12 +12,12 @@ from adapters.haproxy import (
     HAProxyAdapter,
     HAProxyError,
     RuntimeApi,
-    integer_weights,
     parse_backend_algo,
     parse_servers_state,
 )
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.model import WeightPlan
+from knapsack_lb.quantise import haproxy_weights
 
 ADVERSARIAL = [
     "be;shutdown sessions",
@@ -74,7 +74,8 @@ def test_parse_backend_algo_finds_the_backend_row() -> None:
     ],
 )
 def test_integer_weights_stay_in_range_and_close_to_plan(weights: dict[str, float]) -> None:
-    ints, error = integer_weights(weights)
+    q = haproxy_weights(weights)
+    ints, error = q.weights, q.error
     assert set(ints) == set(weights)
     assert all(0 <= w <= MAX_WEIGHT for w in ints.values())
     assert max(ints.values()) >= MAX_WEIGHT - 1  # the finest resolution HAProxy offers
@@ -87,7 +88,8 @@ def test_integer_weights_stay_in_range_and_close_to_plan(weights: dict[str, floa
 
 
 def test_integer_weights_one_hot() -> None:
-    ints, error = integer_weights({"a": 1.0, "b": 0.0})
+    q = haproxy_weights({"a": 1.0, "b": 0.0})
+    ints, error = q.weights, q.error
     assert ints == {"a": MAX_WEIGHT, "b": 0}
     assert error == 0.0
 

@@ -1,32 +1,50 @@
-"""Driving a VipController against the fluid model in virtual time (shared by the tests here)."""
+"""The controller tests' environment: the one control loop on the fluid model in virtual time."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from knapsack_lb.controller.core import VipController
 from knapsack_lb.controller.settings import ControllerSettings
-from knapsack_lb.lab.fluid import FluidDip, FluidModel
-from knapsack_lb.model import DipConfig, VipConfig, WeightPlan
+from knapsack_lb.lab.fluid import FluidDip, FluidLab, FluidModel
+from knapsack_lb.lab.fluid import vip_config as lab_vip_config
+from knapsack_lb.loop import ControlLoop
+from knapsack_lb.model import VipConfig, WeightPlan
 
 FAST = ControllerSettings(solver_units=20_000)
 
 
-@dataclass
 class Loop:
-    """One controller, one fluid model, one probe round per interval (like the service, in virtual time)."""
+    """A :class:`ControlLoop` over a :class:`FluidLab`; ``tick`` optionally changes the operator's
+    configuration first (it stays until changed again) and asks for re-measurements."""
 
-    model: FluidModel
-    ctl: VipController
-    now: float = 0.0
-    plans: list[WeightPlan] = field(default_factory=list)
+    def __init__(self, model: FluidModel, ctl: VipController) -> None:
+        self.ctl = ctl
+        self.plans: list[WeightPlan] = []
+        self.lab = FluidLab(model, lab_vip_config(model.vip, model.names, objective=ctl.settings.solver_objective))
+        self.control: ControlLoop = self.lab.loop(ctl)
+
+    @property
+    def model(self) -> FluidModel:
+        return self.lab.model
+
+    @model.setter
+    def model(self, model: FluidModel) -> None:
+        self.lab.model = model
+
+    @property
+    def now(self) -> float:
+        return self.lab.now
+
+    @now.setter
+    def now(self, value: float) -> None:
+        self.lab.now = value
 
     def tick(self, config: VipConfig | None = None, remeasure: tuple[str, ...] = ()) -> WeightPlan | None:
-        self.now += self.ctl.settings.interval
-        plan = self.ctl.step(self.now, self.model.measure(self.now), config=config, remeasure=remeasure)
+        if config is not None:
+            self.lab.config = config
+        self.lab.remeasure |= set(remeasure)
+        plan = self.lab.tick(self.control, self.ctl.settings.interval).plan
         if plan is not None:
             self.plans.append(plan)
-            self.model.set_weights(plan.weights, self.now)
         return plan
 
     def until_built(self, limit: int = 60) -> None:
@@ -43,7 +61,4 @@ def small_pool() -> list[FluidDip]:
 
 
 def vip_config(names: list[str], **overrides: object) -> VipConfig:
-    dips = tuple(DipConfig(name=n, address=f"127.0.0.1:{8000 + i}") for i, n in enumerate(names))
-    return VipConfig(name="vip", dips=dips, **overrides)
-
-
+    return lab_vip_config("vip", names, **overrides)

@@ -98,7 +98,7 @@ def test_state_survives_a_json_round_trip_mid_measurement(loop: Loop) -> None:
     state = json.loads(json.dumps(loop.ctl.to_dict()))
     twin = VipController.from_dict(state, FAST, rng=random.Random(1))
     for _ in range(6):
-        loop.now += 5.0
+        loop.lab.now += 5.0
         observations = loop.model.measure(loop.now)
         a = loop.ctl.step(loop.now, observations)
         b = twin.step(loop.now, observations)
@@ -106,6 +106,8 @@ def test_state_survives_a_json_round_trip_mid_measurement(loop: Loop) -> None:
         if a is not None and b is not None:
             assert a.weights == pytest.approx(b.weights) and a.version == b.version
             loop.model.set_weights(a.weights, loop.now)
+            loop.ctl.confirm(a, a.weights, loop.now)
+            twin.confirm(b, b.weights, loop.now)
 
 
 def test_overrides_pins_drains_and_pause(loop: Loop) -> None:

@@ -1,9 +1,11 @@
 """Turning one probe round's raw samples into a :class:`~knapsack_lb.model.Measurement`.
 
-KnapsackLB section 5 reports the *average* latency over the 100 requests of a round; the
-percentiles (p50/p90/p99, nearest rank) are kept too, and failures are timed apart
-(ELS blog, ELS: a fast failure is not fast service, so failure latency never
-mixes into the success latency).
+The one summary every environment uses: the probe worker (live), the simulator's probes and the
+fluid model, so what the lab measures is what runs live. KnapsackLB section 5 reports the
+*average* latency over the 100 requests of a round; the percentiles (p50/p90/p99, nearest rank)
+and the sample standard deviation (so every round carries its own standard error) are kept too,
+and failures are timed apart (ELS blog: a fast failure is not fast service, so failure latency
+never mixes into the success latency).
 """
 
 from __future__ import annotations
@@ -46,15 +48,26 @@ def nearest_rank(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[rank - 1]
 
 
+def sample_std(values: list[float], mean: float) -> float | None:
+    """The sample standard deviation (n - 1); None for fewer than two values."""
+    if len(values) < 2:
+        return None
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
 def summarise(samples: RoundSamples, *, vip: str, dip: str, time: float, weight: float, worker: str) -> Measurement:
+    """One round as a :class:`Measurement`: mean, nearest-rank percentiles and standard deviation of
+    the successes, counts of errors and timeouts, and the mean latency of the failures."""
     ok = sorted(samples.success_latencies)
+    mean = math.fsum(ok) / len(ok) if ok else None
     return Measurement(
         vip=vip, dip=dip, time=time, weight=weight, sent=samples.sent, successes=len(ok), errors=samples.errors,
         timeouts=samples.timeouts,
-        latency_mean=math.fsum(ok) / len(ok) if ok else None,
+        latency_mean=mean,
         latency_p50=nearest_rank(ok, 0.50), latency_p90=nearest_rank(ok, 0.90), latency_p99=nearest_rank(ok, 0.99),
         failure_latency_mean=(
             math.fsum(samples.failure_latencies) / len(samples.failure_latencies) if samples.failure_latencies else None
         ),
         worker=worker,
+        latency_std=None if mean is None else sample_std(ok, mean),
     )

@@ -1,4 +1,5 @@
-"""``python -m probes [OPTIONS]``: the ``klb probe`` command without loading the rest of ``klb``.
+"""``klb-probe [OPTIONS]`` (``python -m knapsack_lb.cli.probe_main``): the ``klb probe`` command
+without loading the rest of ``klb``.
 
 Same options and behaviour as ``klb probe`` (both come from
 :mod:`knapsack_lb.cli.probe_commands`); starts in about a second instead of loading the

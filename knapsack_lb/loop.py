@@ -1,0 +1,313 @@
+"""The one control loop: source -> step -> sink -> confirmation (KnapsackLB paper, section 5).
+
+Every environment runs this loop around the pure :meth:`VipController.step`; only its two ends
+differ, the way SimPy runs the same process code on virtual or real time:
+
+* a :class:`Source` says what the probes measured and how the operator configured the VIP:
+  the latency store (live, :class:`StoreSource`), the simulator's probes, the fluid model, a test fake;
+* a :class:`Sink` is the load balancer: an adapter (live, in :mod:`knapsack_lb.service`), a
+  simulated LB that quantises exactly like the target LB's adapter and can be told to fail
+  (:class:`QuantisingSink`), the fluid model, a recorder.
+
+One :meth:`ControlLoop.tick`:
+
+1. read the source (rounds, configuration, re-measure requests); a paused VIP is left alone;
+2. step the controller; in dry run it steps on no rounds at all, so it plans from what it knows
+   and learns nothing from weights that never reached the LB;
+3. hand a new - or still pending - plan to the sink (unless dry run) and record what the LB
+   reports: the controller learns only the split the LB confirmed (:meth:`VipController.confirm`,
+   with the time it was confirmed, which starts the drain clock), a refused plan is recorded as
+   refused (:meth:`VipController.refuse`) and the last confirmed weights stay in force;
+4. with no plan to push, read the LB back and re-apply the confirmed plan when the LB carries
+   something else (an operator edited it, a reload lost runtime weights);
+5. persist the plan, the curves, the state and the confirmed split (:class:`StateSink`).
+
+Sources and sinks are asynchronous: the live ones wait on Redis and on the LB. The simulator and
+the fluid model never wait; they drive the same coroutine to completion with :func:`run_now`.
+How it fails: a source or sink error propagates to the caller (the service logs it and retries the
+VIP on its next tick); a sink that cannot be read is not a drift.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from knapsack_lb.controller.core import VipController
+from knapsack_lb.errors import KnapsackLBError
+from knapsack_lb.model import ApplyResult, Measurement, VipConfig, WeightPlan
+from knapsack_lb.quantise import quantiser
+from knapsack_lb.store import InForce, LatencyStore
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+DRIFT_TOLERANCE = 0.01  # total variation distance between the confirmed split and the LB's before re-applying
+APPLY_FAILURES = "apply_failures"  # counters kept in the stored controller state (the API's metrics)
+APPLY_WARNINGS = "apply_warnings"
+
+
+def run_now(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never waits (a simulated source and sink) to its end, synchronously."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    coroutine.close()
+    raise RuntimeError("run_now: the coroutine waited; use an event loop for sources and sinks that wait")
+
+
+def split_distance(a: Mapping[str, float], b: Mapping[str, float]) -> float:
+    """Total variation distance between two splits: the share of traffic that goes elsewhere."""
+    names = set(a) | set(b)
+    return 0.5 * sum(abs(a.get(n, 0.0) - b.get(n, 0.0)) for n in names)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a source has for one tick: the newest probe round per DIP, the VIP's configuration
+    (with the operator's overrides) and the DIPs the operator asked to re-measure."""
+
+    rounds: Mapping[str, Measurement]
+    config: VipConfig
+    remeasure: frozenset[str] = frozenset()
+
+
+class Source(Protocol):
+    """Where rounds and configuration come from. ``None``: the VIP is gone."""
+
+    async def observe(self, now: float) -> Observation | None: ...
+
+
+class Sink(Protocol):
+    """The load balancer. ``apply`` is all or nothing and never raises for an unreachable LB;
+    ``read`` returns the split the LB carries (fractions by DIP), ``None`` when it cannot be read."""
+
+    async def apply(self, plan: WeightPlan) -> ApplyResult: ...
+
+    async def read(self) -> Mapping[str, float] | None: ...
+
+
+class StateSink(Protocol):
+    """Where the loop persists what it decided (the latency store; the lab may keep nothing)."""
+
+    async def put_plan(self, plan: WeightPlan) -> None: ...
+
+    async def put_curves(self, vip: str, curves: Any) -> None: ...
+
+    async def put_controller_state(self, vip: str, state: Mapping[str, Any]) -> None: ...
+
+    async def put_in_force(self, vip: str, in_force: InForce) -> None: ...
+
+
+@dataclass
+class TickOutcome:
+    """What one tick did (for logs, status, tests and the lab's reports)."""
+
+    vip: str
+    plan: WeightPlan | None = None
+    applied: ApplyResult | None = None
+    pushed: bool = False
+    reapplied: bool = False
+    skipped: str = ""
+    error: str = ""
+
+
+@dataclass
+class ControlLoop:
+    """One VIP's control loop; see the module docstring. ``sinks`` gives the load balancer of the
+    VIP as configured now (the operator may select another; ``None``: it selects none; use
+    :func:`fixed` for one sink); ``clock`` gives the confirmation time
+    (the loop's ``now`` plus however long the LB took); ``read_at_start`` reads the LB before the
+    first step so the controller starts from what it really carries (a live LB may carry
+    anything; a simulated one starts as the lab set it)."""
+
+    controller: VipController
+    source: Source
+    sinks: Callable[[VipConfig], Sink | None]
+    clock: Callable[[], float]
+    state: StateSink | None = None
+    read_at_start: bool = False
+    counters: dict[str, int] = field(default_factory=dict)
+    on_apply: Callable[[WeightPlan, ApplyResult, float], None] | None = None
+    _started: bool = False
+
+    @property
+    def vip(self) -> str:
+        return self.controller.vip
+
+    async def tick(self, now: float) -> TickOutcome:
+        ctl = self.controller
+        outcome = TickOutcome(self.vip)
+        observation = await self.source.observe(now)
+        if observation is None:
+            outcome.skipped = "no configuration"
+            return outcome
+        config = observation.config
+        try:
+            sink = self.sinks(config)
+        except KnapsackLBError as exc:  # the configuration names a load balancer that cannot be built
+            sink, outcome.error = None, f"no load balancer for the VIP: {exc}"
+        if not self._started:
+            self._started = True
+            if self.read_at_start and sink is not None and not config.dry_run:
+                carried = await sink.read()
+                if carried:
+                    ctl.observe_lb(carried, self.clock())
+        if config.paused:
+            ctl.step(now, {}, config=config)  # nothing is computed; its pending reasons are kept
+            outcome.skipped = "paused"
+            return outcome
+        rounds = {} if config.dry_run else observation.rounds
+        outcome.plan = ctl.step(now, rounds, config=config, remeasure=observation.remeasure)
+        if outcome.plan is not None and self.state is not None:
+            await self.state.put_plan(outcome.plan)
+            await self.state.put_curves(self.vip, ctl.curve_records())
+        if config.dry_run:
+            outcome.skipped = "dry run"
+            if outcome.plan is not None:
+                ctl.refuse(outcome.plan, "dry run", retry=False)
+        elif sink is None:
+            outcome.skipped = outcome.skipped or "no load balancer selected"
+            if outcome.plan is not None and outcome.error:
+                ctl.refuse(outcome.plan, outcome.error, retry=False)
+        else:
+            await self._push(sink, outcome)
+        await self._persist()
+        return outcome
+
+    async def _push(self, sink: Sink, outcome: TickOutcome) -> None:
+        ctl = self.controller
+        pending = ctl.pending
+        if pending is not None:
+            result = await self._apply(sink, pending)
+            outcome.applied = result
+            outcome.pushed = result.ok
+            if not result.ok:
+                outcome.error = f"the load balancer refused plan v{pending.version}: {result.reason}"
+            return
+        if ctl.plan is None or not ctl.in_force:
+            return
+        carried = await sink.read()
+        if carried is None or split_distance(carried, ctl.in_force) <= DRIFT_TOLERANCE:
+            return
+        log.warning("the load balancer carries another split than the confirmed plan; re-applying",
+                    extra={"vip": self.vip, "distance": round(split_distance(carried, ctl.in_force), 4)})
+        result = await self._apply(sink, ctl.plan, reapply=True)
+        outcome.applied = result
+        outcome.reapplied = result.ok
+        if not result.ok:
+            outcome.error = f"re-applying plan v{ctl.plan.version} failed: {result.reason}"
+
+    async def _apply(self, sink: Sink, plan: WeightPlan, *, reapply: bool = False) -> ApplyResult:
+        result = await sink.apply(plan)
+        at = self.clock()
+        if result.ok:
+            carried = result.carried() or dict(plan.weights)
+            self.controller.confirm(plan, carried, at)
+            if self.state is not None:
+                await self.state.put_in_force(self.vip, InForce(self.controller.in_force, plan.version, at))
+            if result.warnings:
+                self.counters[APPLY_WARNINGS] = self.counters.get(APPLY_WARNINGS, 0) + 1
+        else:
+            self.counters[APPLY_FAILURES] = self.counters.get(APPLY_FAILURES, 0) + 1
+            if not reapply:
+                self.controller.refuse(plan, result.reason or "refused")
+        if self.on_apply is not None:
+            self.on_apply(plan, result, at)
+        return result
+
+    async def _persist(self) -> None:
+        if self.state is None:
+            return
+        state = self.controller.to_dict()
+        state.update(self.counters)
+        await self.state.put_controller_state(self.vip, state)
+
+
+# --- sources and sinks every environment can use -----------------------------------------------------
+
+
+def fixed(sink: Sink | None) -> Callable[[VipConfig], Sink | None]:
+    """The same sink whatever the VIP's configuration (the lab's load balancers)."""
+    return lambda config: sink
+
+
+@dataclass
+class StoreSource:
+    """The live source: one snapshot of the VIP from the latency store per tick, and the
+    re-measure requests taken (each exactly once)."""
+
+    store: LatencyStore
+    vip: str
+
+    async def observe(self, now: float) -> Observation | None:
+        snap = await self.store.snapshot(self.vip)
+        if snap.config is None:
+            return None
+        remeasure = await self.store.take_remeasure_requests(self.vip) if snap.remeasure else set()
+        return Observation(snap.latest, snap.config, frozenset(remeasure))
+
+
+@dataclass
+class QuantisingSink:
+    """A load balancer in the lab: weights become the integers the LB kind ``lb`` takes (exactly as
+    its adapter rounds them), ``push`` hands the carried split to the model (the simulator's MUXes,
+    the fluid model), and ``fail_next`` makes the next applies fail with a reason."""
+
+    lb: str
+    push: Callable[[dict[str, float]], None]
+    fail_next: list[str] = field(default_factory=list)
+    carried: dict[str, float] = field(default_factory=dict)
+    applied: list[tuple[WeightPlan, ApplyResult]] = field(default_factory=list)
+
+    async def apply(self, plan: WeightPlan) -> ApplyResult:
+        if self.fail_next:
+            result = ApplyResult(ok=False, adapter=self.lb, reason=self.fail_next.pop(0))
+        else:
+            q = quantiser(self.lb)(plan.weights)
+            self.carried = q.fractions()
+            self.push(dict(self.carried))
+            result = ApplyResult(ok=True, adapter=self.lb, lb_weights=q.weights, quantisation_error=q.error)
+        self.applied.append((plan, result))
+        return result
+
+    async def read(self) -> Mapping[str, float] | None:
+        return dict(self.carried) if self.carried else None
+
+
+@dataclass
+class ExactSink:
+    """A load balancer that carries a plan's fractions exactly (the fluid model's idealised LB, and a
+    recorder in tests): ``push`` receives the plan's weights; ``fail_next`` makes applies fail."""
+
+    push: Callable[[dict[str, float]], None] = lambda weights: None
+    fail_next: list[str] = field(default_factory=list)
+    carried: dict[str, float] = field(default_factory=dict)
+    applied: list[WeightPlan] = field(default_factory=list)
+
+    async def apply(self, plan: WeightPlan) -> ApplyResult:
+        if self.fail_next:
+            return ApplyResult(ok=False, adapter="exact", reason=self.fail_next.pop(0))
+        self.carried = dict(plan.weights)
+        self.applied.append(plan)
+        self.push(dict(plan.weights))
+        return ApplyResult(ok=True, adapter="exact")
+
+    async def read(self) -> Mapping[str, float] | None:
+        return dict(self.carried) if self.carried else None
+
+
+@dataclass
+class FunctionSource:
+    """A source from a plain function of time (the lab's probes, a test's script)."""
+
+    rounds: Callable[[float], Mapping[str, Measurement]]
+    config: Callable[[], VipConfig]
+    remeasure: Callable[[], frozenset[str]] = frozenset
+
+    async def observe(self, now: float) -> Observation | None:
+        return Observation(self.rounds(now), self.config(), self.remeasure())

@@ -1,0 +1,199 @@
+"""The one control loop (knapsack_lb/loop.py): the same plans whatever the sink when the
+environments agree, confirmation before learning, refused applies, dry run, pause, drift."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+import pytest
+
+from knapsack_lb.controller.core import VipController
+from knapsack_lb.lab.fluid import FluidLab, FluidModel, vip_config
+from knapsack_lb.loop import ControlLoop, ExactSink, FunctionSource, QuantisingSink, fixed, run_now, split_distance
+from knapsack_lb.model import Measurement, VipConfig
+from knapsack_lb.quantise import QUANTISERS
+from knapsack_lb.store.memory import MemoryLatencyStore
+from tests.unit.controller.loop import FAST, small_pool
+
+
+class TruthSource:
+    """Rounds without noise: each DIP's true mean latency at the split the sink carries."""
+
+    def __init__(self, model: FluidModel, sink: ExactSink | QuantisingSink, config: VipConfig) -> None:
+        self.model = model
+        self.sink = sink
+        self.config = config
+
+    async def observe(self, now: float):  # type: ignore[no-untyped-def]
+        from knapsack_lb.loop import Observation
+
+        carried = self.sink.carried or {n: 1 / len(self.model.names) for n in self.model.names}
+        rounds = {}
+        for d in self.model.dips:
+            latency = d.mean_latency(carried[d.name] * self.model.total_rate)
+            ok = latency < 1.0
+            rounds[d.name] = Measurement("vip", d.name, now, carried[d.name], 100, 100 if ok else 0, 0,
+                                         0 if ok else 100, latency if ok else None, latency if ok else None,
+                                         latency if ok else None, latency if ok else None, None, "truth",
+                                         latency_std=0.0 if ok else None)
+        return Observation(rounds, self.config)
+
+
+def _run(sink: ExactSink | QuantisingSink, ticks: int = 60) -> list[tuple[str, tuple[str, ...], dict[str, float]]]:
+    model = FluidModel(small_pool(), total_rate=0.7 * sum(d.capacity for d in small_pool()), seed=1)
+    config = vip_config("vip", model.names)
+    ctl = VipController("vip", model.names, FAST, rng=random.Random(1))
+    now = [0.0]
+    loop = ControlLoop(ctl, TruthSource(model, sink, config), fixed(sink), lambda: now[0])
+    plans = []
+    for _ in range(ticks):
+        now[0] += FAST.interval
+        plan = run_now(loop.tick(now[0])).plan
+        if plan is not None:
+            plans.append((plan.method, plan.flags, dict(plan.weights)))
+    return plans
+
+
+def test_one_scenario_gives_the_same_plans_through_every_sink() -> None:
+    """Where the environments agree (the same noiseless rounds), the fluid model's exact LB, the
+    simulator's LB rounding like the recording adapter (1/10,000) and like Envoy (1/1,000) lead the
+    one loop to the same plans: same methods and flags, weights within the rounding."""
+    exact = _run(ExactSink())
+    assert len(exact) > 5 and any("measuring" not in flags for _, flags, _ in exact)
+    for lb, tolerance in (("recording", 2e-3), ("envoy", 5e-3)):
+        quantised = _run(QuantisingSink(lb, lambda weights: None))
+        assert [(m, f) for m, f, _ in quantised] == [(m, f) for m, f, _ in exact], lb
+        for (_, _, a), (_, _, b) in zip(quantised, exact, strict=True):
+            assert split_distance(a, b) <= tolerance, lb
+
+
+def _lab_loop(sink_lb: str | None = None) -> tuple[FluidLab, ControlLoop, ExactSink | QuantisingSink]:
+    model = FluidModel(small_pool(), total_rate=0.7 * sum(d.capacity for d in small_pool()), seed=2)
+    lab = FluidLab(model, vip_config("vip", model.names))
+    ctl = VipController("vip", model.names, FAST, rng=random.Random(1))
+    sink: ExactSink | QuantisingSink = lab.sink
+    if sink_lb is not None:
+        sink = QuantisingSink(sink_lb, lambda weights: model.set_weights(weights, lab.now))
+    source = FunctionSource(model.measure, lambda: lab.config, lab._take_remeasure)
+    return lab, ControlLoop(ctl, source, fixed(sink), lambda: lab.now, state=MemoryLatencyStore()), sink
+
+
+@pytest.mark.parametrize("lb", [None, "haproxy", "nginx"])
+async def test_a_refused_apply_keeps_the_last_confirmed_weights(lb: str | None) -> None:
+    lab, loop, sink = _lab_loop(lb)
+    for _ in range(8):
+        lab.now += 5.0
+        await loop.tick(lab.now)
+    ctl = loop.controller
+    confirmed, version, applied_at = dict(ctl.in_force), ctl.confirmed_version, ctl.applied_at
+    assert confirmed and version > 0
+    sink.fail_next.extend(["the admin socket is gone"] * 50)
+    refused = 0
+    for _ in range(6):
+        lab.now += 5.0
+        outcome = await loop.tick(lab.now)
+        if outcome.applied is not None:
+            refused += not outcome.applied.ok
+            assert "admin socket" in outcome.error
+        assert ctl.in_force == confirmed and ctl.confirmed_version == version and ctl.applied_at == applied_at
+        assert (await sink.read()) == pytest.approx(confirmed)
+    assert refused >= 1 and loop.counters["apply_failures"] == refused
+    state = loop.state
+    assert isinstance(state, MemoryLatencyStore)
+    stored = await state.in_force("vip")
+    assert stored is not None and stored.version == version and dict(stored.weights) == pytest.approx(confirmed)
+    sink.fail_next.clear()
+    lab.now += 5.0
+    outcome = await loop.tick(lab.now)
+    assert outcome.pushed and ctl.confirmed_version > version  # the pending plan goes through at once
+
+
+async def test_the_controller_learns_only_confirmed_weights() -> None:
+    lab, loop, sink = _lab_loop("haproxy")
+    lab.now += 5.0
+    outcome = await loop.tick(lab.now)
+    assert outcome.plan is not None and outcome.pushed
+    carried = await sink.read()
+    assert carried is not None
+    assert loop.controller.in_force == pytest.approx(dict(carried))  # the LB's integers, not the float plan
+    assert loop.controller.applied_at == lab.now
+    integers = QUANTISERS["haproxy"](outcome.plan.weights).weights
+    assert max(integers.values()) == 256
+
+
+async def test_dry_run_computes_but_pushes_and_learns_nothing() -> None:
+    lab, loop, sink = _lab_loop()
+    lab.config = lab.config.model_copy(update={"dry_run": True})
+    curves_before = dict(loop.controller.dips)
+    for _ in range(5):
+        lab.now += 5.0
+        outcome = await loop.tick(lab.now)
+        assert outcome.skipped == "dry run" and outcome.applied is None
+    assert isinstance(sink, ExactSink) and sink.applied == []
+    assert loop.controller.in_force == {} and loop.controller.confirmed_version == 0
+    assert all(d.points == [] for d in curves_before.values())
+    pending = loop.controller.pending
+    assert pending is not None  # computed, stored as a plan, never confirmed
+    lab.config = lab.config.model_copy(update={"dry_run": False})
+    lab.now += 5.0
+    outcome = await loop.tick(lab.now)
+    assert outcome.pushed and loop.controller.confirmed_version >= pending.version
+
+
+async def test_pause_computes_nothing_and_keeps_the_lb() -> None:
+    lab, loop, sink = _lab_loop()
+    for _ in range(3):
+        lab.now += 5.0
+        await loop.tick(lab.now)
+    carried = await sink.read()
+    lab.config = lab.config.model_copy(update={"paused": True})
+    for _ in range(4):
+        lab.now += 5.0
+        outcome = await loop.tick(lab.now)
+        assert outcome.skipped == "paused" and outcome.plan is None
+    assert await sink.read() == carried
+
+
+async def test_a_split_changed_behind_the_loops_back_is_reapplied() -> None:
+    lab, loop, sink = _lab_loop("haproxy")
+    for _ in range(40):
+        lab.now += 5.0
+        await loop.tick(lab.now)
+    assert isinstance(sink, QuantisingSink)
+    confirmed = dict(loop.controller.in_force)
+    sink.carried = {n: (1.0 if n == "a" else 0.0) for n in confirmed}  # an operator edited the LB by hand
+    reapplied = False
+    for _ in range(3):
+        lab.now += 5.0
+        outcome = await loop.tick(lab.now)
+        reapplied |= outcome.reapplied
+    assert reapplied and split_distance(await sink.read() or {}, loop.controller.in_force) < 0.01
+
+
+async def test_rounds_stamped_with_another_split_are_not_learned_from() -> None:
+    """A round whose stamped weight contradicts what the LB confirmed (a stale prober, a change
+    behind the controller's back) is dropped, not taken at the confirmed weight."""
+    lab, loop, _ = _lab_loop()
+    for _ in range(6):
+        lab.now += 5.0
+        await loop.tick(lab.now)
+    ctl = loop.controller
+    name = next(iter(ctl.in_force))
+    wrong = ctl.in_force[name] + 0.2
+    rounds = lab.model.measure(lab.now + 5.0)
+    stale: Mapping[str, Measurement] = {**rounds, name: Measurement(**{**vars(rounds[name]), "weight": wrong})}
+    before = ctl.dips[name].last_round
+    ctl.step(lab.now + 5.0, stale)
+    assert ctl.dips[name].last_round == before
+
+
+def test_run_now_refuses_a_coroutine_that_waits() -> None:
+    import asyncio
+
+    async def waits() -> None:
+        await asyncio.sleep(0)  # yields to an event loop: a real source or sink would
+
+    with pytest.raises(RuntimeError, match="waited"):
+        run_now(waits())
+
