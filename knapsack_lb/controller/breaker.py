@@ -31,7 +31,6 @@ import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from knapsack_lb.controller.settings import CircuitBreakerSettings
 from knapsack_lb.model import Measurement
@@ -51,14 +50,25 @@ class BreakerDecision:
 
 
 @dataclass
-class RelativeCircuitBreaker:
-    settings: CircuitBreakerSettings
+class BreakerState:
+    """What the breaker remembers between rounds (persisted with the controller's state)."""
+
     ejections: dict[str, Ejection] = field(default_factory=dict)
     history: dict[str, int] = field(default_factory=dict)
     slow_rounds: dict[str, int] = field(default_factory=dict)
 
+
+@dataclass
+class RelativeCircuitBreaker:
+    settings: CircuitBreakerSettings
+    state: BreakerState = field(default_factory=BreakerState)
+
+    @property
+    def ejections(self) -> dict[str, Ejection]:
+        return self.state.ejections
+
     def is_ejected(self, dip: str) -> bool:
-        return dip in self.ejections
+        return dip in self.state.ejections
 
     def evaluate(
         self, now: float, rounds: Mapping[str, Measurement], expected: Mapping[str, float], pool: int,
@@ -70,12 +80,12 @@ class RelativeCircuitBreaker:
         carry the whole VIP without it (ejecting an overloaded large DIP would overload the rest:
         a cascade, not a cure)."""
         s = self.settings
-        returned = tuple(sorted(d for d, e in self.ejections.items() if now >= e.until))
+        returned = tuple(sorted(d for d, e in self.state.ejections.items() if now >= e.until))
         for dip in returned:
-            del self.ejections[dip]
+            del self.state.ejections[dip]
         if not s.enabled:
             return BreakerDecision(returned=returned)
-        judged = {d: m for d, m in rounds.items() if m.sent >= s.min_requests and d not in self.ejections}
+        judged = {d: m for d, m in rounds.items() if m.sent >= s.min_requests and d not in self.state.ejections}
         if len(judged) < 2:
             return BreakerDecision(returned=returned)
         fail_share = {d: m.errors / m.sent for d, m in judged.items()}
@@ -92,43 +102,30 @@ class RelativeCircuitBreaker:
                 badness[dip] = (10 + share, f"fails {share:.0%} of probes (pool median {median_fail:.0%})")
         for dip, r in ratio.items():
             slow = r >= s.relative_latency_factor and median_ratio < r / 2
-            self.slow_rounds[dip] = self.slow_rounds.get(dip, 0) + 1 if slow else 0
-            if dip not in badness and slow and self.slow_rounds[dip] >= s.latency_rounds:
+            self.state.slow_rounds[dip] = self.state.slow_rounds.get(dip, 0) + 1 if slow else 0
+            if dip not in badness and slow and self.state.slow_rounds[dip] >= s.latency_rounds:
                 badness[dip] = (r / s.relative_latency_factor, f"latency {r:.1f}x its curve (pool median "
                                 f"{median_ratio:.1f}x)")
-        room = min(math.floor(s.max_ejected_share * pool), pool - 1) - len(self.ejections)
+        room = min(math.floor(s.max_ejected_share * pool), pool - 1) - len(self.state.ejections)
         ejected: list[str] = []
         kept: list[str] = []
         notes: list[str] = []
         for dip in sorted(badness, key=lambda d: -badness[d][0])[: max(0, room)]:
             if capacity is not None:
-                rest = sum(w for d, w in capacity.items() if d != dip and d not in self.ejections)
+                rest = sum(w for d, w in capacity.items() if d != dip and d not in self.state.ejections)
                 if rest < 1.0:
                     kept.append(dip)
                     notes.append(f"circuit breaker kept {dip} in ({badness[dip][1]}): the other DIPs' estimated "
                                  f"capacity {rest:.2f} cannot carry the VIP")
                     continue
-            count = self.history.get(dip, 0) + 1
-            self.history[dip] = count
+            count = self.state.history.get(dip, 0) + 1
+            self.state.history[dip] = count
             duration = min(s.max_ejection_time, s.ejection_time * 2 ** (count - 1))
-            self.ejections[dip] = Ejection(now + duration, count)
-            self.slow_rounds.pop(dip, None)
+            self.state.ejections[dip] = Ejection(now + duration, count)
+            self.state.slow_rounds.pop(dip, None)
             ejected.append(dip)
             notes.append(f"circuit breaker ejected {dip} for {duration:.0f}s: {badness[dip][1]}")
         skipped = sorted(set(badness) - set(ejected) - set(kept))
         if skipped:
             notes.append(f"circuit breaker cap ({s.max_ejected_share:.0%} of {pool}) kept {skipped} in")
         return BreakerDecision(tuple(ejected), returned, tuple(notes))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"ejections": {d: [e.until, e.count] for d, e in self.ejections.items()}, "history": self.history,
-                "slow_rounds": self.slow_rounds}
-
-    @classmethod
-    def from_dict(cls, settings: CircuitBreakerSettings, data: Mapping[str, Any]) -> RelativeCircuitBreaker:
-        return cls(
-            settings,
-            {str(d): Ejection(float(v[0]), int(v[1])) for d, v in data.get("ejections", {}).items()},
-            {str(d): int(c) for d, c in data.get("history", {}).items()},
-            {str(d): int(c) for d, c in data.get("slow_rounds", {}).items()},
-        )

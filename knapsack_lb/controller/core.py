@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from knapsack_lb.controller.breaker import RelativeCircuitBreaker
@@ -53,14 +53,14 @@ from knapsack_lb.controller.measurement import DipMeasurement
 from knapsack_lb.controller.rails import apply_rails, capacity_proportional
 from knapsack_lb.controller.scheduling import MeasurementRequest, schedule_round
 from knapsack_lb.controller.settings import ControllerSettings
-from knapsack_lb.curves import LatencyCurve, QueueingCurve, curve_from_dict
+from knapsack_lb.controller.state import ControllerState, DipState, DrainProbe
+from knapsack_lb.curves import LatencyCurve, QueueingCurve
 from knapsack_lb.curves.fitting import fit_curve
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
 from knapsack_lb.model import Measurement, VipConfig, WeightPlan
 from knapsack_lb.names import validate_name
 from knapsack_lb.store import CurveRecord
 
-STATE_VERSION = 1
 PLAN_CHANGE_EPSILON = 1e-4
 # Ours (overload_watch): during measurement rounds the pool is still judged for a traffic change when at
 # least this share of the DIPs is finished and observed; a refresh of one DIP no longer hides +10 % traffic
@@ -111,63 +111,6 @@ def default_solver(request: SolveRequest) -> SolveResult:
                        solution.method, solution.seconds)
 
 
-@dataclass
-class DipState:
-    """Everything the controller knows about one DIP."""
-
-    name: str
-    measuring: DipMeasurement | None = None
-    curve: dict[str, Any] | None = None
-    model: str = ""
-    fit_error: float | None = None
-    w_max: float = 0.0
-    fitted_at: float = 0.0
-    points: list[tuple[float, float]] = field(default_factory=list)
-    drop_points: list[tuple[float, float]] = field(default_factory=list)
-    l0: float | None = None
-    failed: bool = False
-    fail_rounds: int = 0
-    returned_at: float | None = None
-    last_round: float = -math.inf
-    iterations: int = 0
-
-    @property
-    def ready(self) -> bool:
-        return self.curve is not None and self.w_max > 0
-
-    def curve_obj(self) -> LatencyCurve:
-        assert self.curve is not None
-        return curve_from_dict(self.curve, dip=self.name)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "measuring": None if self.measuring is None else self.measuring.to_dict(),
-            "curve": self.curve, "model": self.model, "fit_error": self.fit_error, "w_max": self.w_max,
-            "fitted_at": self.fitted_at, "points": [list(p) for p in self.points],
-            "drop_points": [list(p) for p in self.drop_points], "l0": self.l0, "failed": self.failed,
-            "fail_rounds": self.fail_rounds, "returned_at": self.returned_at,
-            "last_round": None if self.last_round == -math.inf else self.last_round, "iterations": self.iterations,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DipState:
-        measuring = data.get("measuring")
-        return cls(
-            name=str(data["name"]),
-            measuring=None if measuring is None else DipMeasurement.from_dict(measuring),
-            curve=None if data.get("curve") is None else dict(data["curve"]), model=str(data.get("model", "")),
-            fit_error=None if data.get("fit_error") is None else float(data["fit_error"]),
-            w_max=float(data.get("w_max", 0.0)), fitted_at=float(data.get("fitted_at", 0.0)),
-            points=[(float(p[0]), float(p[1])) for p in data.get("points", [])],
-            drop_points=[(float(p[0]), float(p[1])) for p in data.get("drop_points", [])],
-            l0=None if data.get("l0") is None else float(data["l0"]), failed=bool(data.get("failed", False)),
-            fail_rounds=int(data.get("fail_rounds", 0)),
-            returned_at=None if data.get("returned_at") is None else float(data["returned_at"]),
-            last_round=-math.inf if data.get("last_round") is None else float(data["last_round"]),
-            iterations=int(data.get("iterations", 0)),
-        )
-
-
 class VipController:
     """One VIP's controller; see the module docstring. Not thread-safe: one step at a time."""
 
@@ -193,7 +136,7 @@ class VipController:
         self.version = 0
         self.drain_time = self.settings.drain_time
         self.drain_measured_at: float | None = None
-        self._drain: dict[str, Any] | None = None
+        self._drain: DrainProbe | None = None
         self.rounds = 0
         self.measurement_rounds = 0
         self.detector = ChangeDetector(self.settings)
@@ -268,17 +211,18 @@ class VipController:
         }
 
     # --- state -------------------------------------------------------------------------------
+    def state(self) -> ControllerState:
+        """Everything this controller needs to resume (see :mod:`knapsack_lb.controller.state`)."""
+        return ControllerState(
+            vip=self.vip, dips=self.dips, plan=self.plan, applied_at=self.applied_at,
+            confirmed_version=self.confirmed_version, in_force=self.in_force, scheduled=self.scheduled,
+            version=self.version, drain_time=self.drain_time, drain_measured_at=self.drain_measured_at,
+            drain_probe=self._drain, rounds=self.rounds, measurement_rounds=self.measurement_rounds,
+            detector=self.detector.state, breaker=self.breaker.state,
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "state_version": STATE_VERSION, "vip": self.vip, "dips": {n: d.to_dict() for n, d in self.dips.items()},
-            "plan": None if self.plan is None else self.plan.to_dict(),
-            "applied_at": None if self.applied_at == -math.inf else self.applied_at,
-            "confirmed_version": self.confirmed_version, "in_force": dict(self.in_force),
-            "scheduled": dict(self.scheduled), "version": self.version, "drain_time": self.drain_time,
-            "drain_measured_at": self.drain_measured_at, "drain_probe": self._drain,
-            "rounds": self.rounds, "measurement_rounds": self.measurement_rounds,
-            "detector": self.detector.to_dict(), "breaker": self.breaker.to_dict(),
-        }
+        return self.state().to_dict()
 
     @classmethod
     def from_dict(
@@ -289,24 +233,15 @@ class VipController:
         rng: random.Random | None = None,
         solver: SolverFn | None = None,
     ) -> VipController:
-        if data.get("state_version") != STATE_VERSION:
-            raise InvalidInputError("state_version", data.get("state_version"), f"expected {STATE_VERSION}")
-        ctl = cls(str(data["vip"]), (), settings, rng=rng, solver=solver)
-        ctl.dips = {str(n): DipState.from_dict(d) for n, d in data["dips"].items()}
-        ctl.plan = None if data.get("plan") is None else WeightPlan.from_dict(data["plan"])
-        ctl.applied_at = -math.inf if data.get("applied_at") is None else float(data["applied_at"])
-        ctl.confirmed_version = int(data.get("confirmed_version", 0))
-        ctl.in_force = {str(k): float(v) for k, v in data.get("in_force", {}).items()}
-        ctl.scheduled = {str(k): float(v) for k, v in data.get("scheduled", {}).items()}
-        ctl.version = int(data.get("version", 0))
-        ctl.drain_time = float(data.get("drain_time", ctl.settings.drain_time))
-        measured = data.get("drain_measured_at")
-        ctl.drain_measured_at = None if measured is None else float(measured)
-        ctl._drain = None if data.get("drain_probe") is None else dict(data["drain_probe"])
-        ctl.rounds = int(data.get("rounds", 0))
-        ctl.measurement_rounds = int(data.get("measurement_rounds", 0))
-        ctl.detector = ChangeDetector.from_dict(ctl.settings, data.get("detector", {}))
-        ctl.breaker = RelativeCircuitBreaker.from_dict(ctl.settings.circuit_breaker, data.get("breaker", {}))
+        """Resume from a stored state; :class:`InvalidInputError` names the field when it does not fit."""
+        state = ControllerState.from_dict(dict(data))
+        ctl = cls(state.vip, (), settings, rng=rng, solver=solver)
+        ctl.dips, ctl.plan, ctl.applied_at = state.dips, state.plan, state.applied_at
+        ctl.confirmed_version, ctl.in_force, ctl.scheduled = state.confirmed_version, state.in_force, state.scheduled
+        ctl.version, ctl.drain_time, ctl.drain_measured_at = state.version, state.drain_time, state.drain_measured_at
+        ctl._drain, ctl.rounds, ctl.measurement_rounds = state.drain_probe, state.rounds, state.measurement_rounds
+        ctl.detector = ChangeDetector(ctl.settings, state.detector)
+        ctl.breaker = RelativeCircuitBreaker(ctl.settings.circuit_breaker, state.breaker)
         return ctl
 
     # --- 1. DIP set -------------------------------------------------------------------------
@@ -342,17 +277,17 @@ class VipController:
         probe = self._drain
         if probe is None:
             return []
-        name = probe["dip"]
+        name = probe.dip
         dip = self.dips.get(name)
         m = observations.get(name)
         if dip is None or dip.failed or dip.measuring is None:
             self._drain = None
             return []
-        if m is not None and m.time > probe["switch"] and m.successes > 0 and m.latency_mean is not None \
-                and (not probe["series"] or m.time > probe["series"][-1][0]):
-            probe["series"].append([m.time, m.latency_mean])
-        series = [(float(t), float(v)) for t, v in probe["series"]]
-        estimate = estimate_drain_time(float(probe["switch"]), series)
+        if m is not None and m.time > probe.switch and m.successes > 0 and m.latency_mean is not None \
+                and (not probe.series or m.time > probe.series[-1][0]):
+            probe.series.append((m.time, m.latency_mean))
+        series = probe.series
+        estimate = estimate_drain_time(probe.switch, series)
         if estimate is None and len(series) < 8:
             return []
         self._drain = None
@@ -509,7 +444,7 @@ class VipController:
             dip = self.dips[name]
             if dip.measuring is None or dip.failed or (m.successes == 0 and m.weight <= 0):
                 continue
-            if self._drain is not None and self._drain["dip"] == name:
+            if self._drain is not None and self._drain.dip == name:
                 self.scheduled.pop(name, None)  # held at 0 by the drain probe; its l_0 comes from there
                 continue
             weight = self._weight_of(name, m)
@@ -740,11 +675,11 @@ class VipController:
         if self._drain_due(now) and self.plan is not None:
             for i, req in enumerate(requests):
                 if req.weight == 0 and self._carried().get(req.dip, 0.0) > 0:
-                    self._drain = {"dip": req.dip, "switch": now, "series": []}
+                    self._drain = DrainProbe(req.dip, now)
                     requests[i] = MeasurementRequest(req.dip, 0.0, -1, req.enqueued_at)
                     break
         if self._drain is not None:
-            requests = [MeasurementRequest(r.dip, 0.0, -1, r.enqueued_at) if r.dip == self._drain["dip"] else r
+            requests = [MeasurementRequest(r.dip, 0.0, -1, r.enqueued_at) if r.dip == self._drain.dip else r
                         for r in requests]
         pinned = {n: w for n, w in pins.items() if n in live}
         movable = [n for n in live if n not in pinned]

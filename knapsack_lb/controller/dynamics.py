@@ -55,7 +55,6 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.curves import LatencyCurve, PiecewiseLinearCurve, QuadraticCurve, QueueingCurve
@@ -213,6 +212,15 @@ class DipTrack:
         self.deviations, self.pending = [], 0
 
 
+@dataclass
+class DetectorState:
+    """What the detector remembers between rounds (persisted with the controller's state)."""
+
+    tracks: dict[str, DipTrack] = field(default_factory=dict)
+    traffic_pending: int = 0
+    drift_pending: int = 0
+
+
 @dataclass(frozen=True)
 class RoundView:
     """One trusted probe round of a ready DIP, as the detector needs it."""
@@ -249,15 +257,13 @@ class ChangeDetector:
     """
 
     settings: ControllerSettings
-    tracks: dict[str, DipTrack] = field(default_factory=dict)
-    traffic_pending: int = 0
-    drift_pending: int = 0
+    state: DetectorState = field(default_factory=DetectorState)
 
     def forget(self, dip: str) -> None:
-        self.tracks.pop(dip, None)
+        self.state.tracks.pop(dip, None)
 
     def reset(self, dip: str) -> None:
-        self.tracks.pop(dip, None)
+        self.state.tracks.pop(dip, None)
 
     def observe(
         self, rounds: Mapping[str, RoundView], curves: Mapping[str, tuple[LatencyCurve, float]], *,
@@ -272,7 +278,7 @@ class ChangeDetector:
         judged_rounds = rounds if pool else {d: v for d, v in rounds.items() if d not in overload_only}
         deviation: dict[str, float] = {}
         for dip, view in judged_rounds.items():
-            self.tracks.setdefault(dip, DipTrack())
+            self.state.tracks.setdefault(dip, DipTrack())
             curve, _ = curves[dip]
             predicted = curve.latency(view.weight)
             if view.weight > 0 and math.isfinite(view.latency) and view.latency > 0 and math.isfinite(predicted) \
@@ -286,19 +292,19 @@ class ChangeDetector:
             med = statistics.median(deviation.values())
             same = sum(1 for x in deviation.values() if x * med > 0) / judged
             if abs(med) > math.log1p(s.traffic_change_threshold) and same >= s.traffic_change_quorum:
-                self.traffic_pending += 1
+                self.state.traffic_pending += 1
             else:
-                self.traffic_pending = 0
+                self.state.traffic_pending = 0
             for dip, x in deviation.items():
-                self.tracks[dip].deviations = [*self.tracks[dip].deviations, x][-RECENT_ROUNDS:]
-            if self.traffic_pending >= s.change_confirmations:
-                self.traffic_pending = 0
+                self.state.tracks[dip].deviations = [*self.state.tracks[dip].deviations, x][-RECENT_ROUNDS:]
+            if self.state.traffic_pending >= s.change_confirmations:
+                self.state.traffic_pending = 0
                 factors, slopes = [], []
                 for dip in deviation:
                     curve, w_max = curves[dip]
                     weight = rounds[dip].weight
                     # the mean over the confirming rounds: they all saw the new traffic
-                    recent = self.tracks[dip].deviations[-s.change_confirmations:]
+                    recent = self.state.tracks[dip].deviations[-s.change_confirmations:]
                     observed = curve.latency(weight) * math.exp(statistics.fmean(recent))
                     k = shift_factor(curve, weight, observed, w_max)
                     if k is not None and K_MIN < k < K_MAX:  # a clamped inverse says nothing about the size
@@ -310,14 +316,14 @@ class ChangeDetector:
                     notes.append(f"traffic change: median latency x{math.exp(med):.3f} against the curves on "
                                  f"{judged} DIPs, {same:.0%} the same way; every curve shifted by k={k:.3f}")
                     for dip in rounds:
-                        self.tracks[dip].reset()
-                    self.drift_pending = 0
+                        self.state.tracks[dip].reset()
+                    self.state.drift_pending = 0
                     return Verdict(traffic_factor=k, notes=tuple(notes))
             drift = self._drift(rounds, curves)
             if drift is not None:
                 k, note = drift
                 for dip in rounds:
-                    self.tracks[dip].reset()
+                    self.state.tracks[dip].reset()
                 return Verdict(traffic_factor=k, notes=(note,))
         # --- capacity: one DIP off its curve ------------------------------------------------------
         capacity: dict[str, float] = {}
@@ -327,7 +333,7 @@ class ChangeDetector:
             if view.weight <= 0:
                 continue
             curve, w_max = curves[dip]
-            track = self.tracks.setdefault(dip, DipTrack())
+            track = self.state.tracks.setdefault(dip, DipTrack())
             if dip in overload_only and view.weight > w_max * (1 + 1e-6):
                 continue  # a measurement round's remainder put it past its curve's limit: overload is no news
             timed_out = view.timeout_share > s.drop_failure_share
@@ -404,40 +410,24 @@ class ChangeDetector:
         s = self.settings
         if s.traffic_drift_threshold <= 0:
             return None
-        means = {d: statistics.fmean(self.tracks[d].deviations) for d in rounds
-                 if len(self.tracks[d].deviations) >= RECENT_ROUNDS}
+        means = {d: statistics.fmean(self.state.tracks[d].deviations) for d in rounds
+                 if len(self.state.tracks[d].deviations) >= RECENT_ROUNDS}
         slopes = {d: min(SLOPE_CAP, elasticity(curves[d][0], rounds[d].weight)) for d in means}
         found = pooled_shift(means, slopes)
         if found is None:
-            self.drift_pending = 0
+            self.state.drift_pending = 0
             return None
         shift, error = found
         if abs(shift) > max(3 * error, math.log1p(s.traffic_drift_threshold)):
-            self.drift_pending += 1
+            self.state.drift_pending += 1
         else:
-            self.drift_pending = 0
-        if self.drift_pending < s.change_confirmations:
+            self.state.drift_pending = 0
+        if self.state.drift_pending < s.change_confirmations:
             return None
-        self.drift_pending = 0
+        self.state.drift_pending = 0
         k = min(K_EVENT_MAX, max(K_EVENT_MIN, math.exp(-shift)))
         return k, (f"traffic drift: the pool's latencies sit {math.expm1(shift):+.1%} (capacity-equivalent, "
                    f"+-{error:.1%}) off the curves on {len(means)} DIPs; every curve shifted by k={k:.3f}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "traffic_pending": self.traffic_pending,
-            "drift_pending": self.drift_pending,
-            "tracks": {d: {"deviations": t.deviations, "pending": t.pending}
-                       for d, t in self.tracks.items()},
-        }
-
-    @classmethod
-    def from_dict(cls, settings: ControllerSettings, data: Mapping[str, Any]) -> ChangeDetector:
-        tracks = {
-            str(d): DipTrack([float(x) for x in t["deviations"]], int(t["pending"]))
-            for d, t in data.get("tracks", {}).items()
-        }
-        return cls(settings, tracks, int(data.get("traffic_pending", 0)), int(data.get("drift_pending", 0)))
 
 
 def refresh_candidates(

@@ -32,9 +32,7 @@ reverse; Algorithm 1 then simply bisects a little longer.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.model import Measurement
@@ -302,36 +300,3 @@ class DipMeasurement:
                 or weight <= self.w_prev or not latency > 0):
             return None
         return math.log(latency / self.l_prev) / math.log(weight / self.w_prev)
-
-    # --- persistence --------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "dip": self.dip, "enqueued_at": self.enqueued_at, "refresh": self.refresh, "l0": self.l0,
-            "equal_latency": self.equal_latency, "equal_dropped": self.equal_dropped,
-            "pending_zero": self.pending_zero, "pending_equal": self.pending_equal, "w_cur": self.w_cur,
-            "w_prev": self.w_prev, "w_max": self.w_max, "target": self.target, "last_dropped": self.last_dropped,
-            "w_drop": self.w_drop, "threshold": self.threshold, "room_seen": self.room_seen, "l_prev": self.l_prev,
-            "iterations": self.iterations, "done": self.done, "points": [list(p) for p in self.points],
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DipMeasurement:
-        equal_latency = data.get("equal_latency")
-        return cls(
-            dip=str(data["dip"]), enqueued_at=float(data["enqueued_at"]), refresh=bool(data.get("refresh", False)),
-            l0=None if data.get("l0") is None else float(data["l0"]),
-            equal_latency=None if equal_latency is None else float(equal_latency),
-            equal_dropped=bool(data.get("equal_dropped", False)),
-            pending_zero=bool(data.get("pending_zero", True)), pending_equal=bool(data.get("pending_equal", True)),
-            w_cur=float(data.get("w_cur", 0.0)), w_prev=float(data.get("w_prev", 0.0)),
-            w_max=float(data.get("w_max", 0.0)),
-            target=None if data.get("target") is None else float(data["target"]),
-            last_dropped=bool(data.get("last_dropped", False)),
-            w_drop=None if data.get("w_drop") is None else float(data["w_drop"]),
-            threshold=None if data.get("threshold") is None else float(data["threshold"]),
-            room_seen=bool(data.get("room_seen", False)),
-            l_prev=None if data.get("l_prev") is None else float(data["l_prev"]),
-            iterations=int(data.get("iterations", 0)),
-            done=bool(data.get("done", False)),
-            points=[(float(p[0]), float(p[1]), bool(p[2])) for p in data.get("points", [])],
-        )

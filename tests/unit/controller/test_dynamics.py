@@ -88,14 +88,6 @@ def test_noise_within_the_thresholds_changes_nothing() -> None:
         assert verdict.traffic_factor is None and not verdict.capacity
 
 
-def test_detector_state_round_trips() -> None:
-    det = ChangeDetector(ControllerSettings())
-    curves = {d: (QueueingCurve(0.0, 0.001, 0.4), 0.3) for d in "ab"}
-    det.observe({"a": RoundView(0.2, 0.009, 0.0), "b": RoundView(0.2, 0.005, 0.0)}, curves)
-    again = ChangeDetector.from_dict(ControllerSettings(), det.to_dict())
-    assert again.to_dict() == det.to_dict()
-
-
 def test_drain_time_is_the_time_until_latency_settles_after_the_switch() -> None:
     series = [(105.0, 0.050), (110.0, 0.030), (115.0, 0.0105), (120.0, 0.0101), (125.0, 0.0099)]
     assert estimate_drain_time(100.0, series) == pytest.approx(15.0)

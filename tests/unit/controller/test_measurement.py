@@ -14,6 +14,7 @@ from knapsack_lb.controller.measurement import (
     is_drop,
 )
 from knapsack_lb.controller.settings import ControllerSettings
+from knapsack_lb.controller.state import ControllerState, DipState
 from knapsack_lb.lab.fluid import FluidDip, FluidModel
 from knapsack_lb.model import Measurement
 
@@ -107,8 +108,8 @@ def test_a_dip_that_drops_everywhere_stops_with_no_usable_weight() -> None:
 def test_priority_is_over_utilised_after_a_drop_and_state_round_trips() -> None:
     m = _measure(0.02, ControllerSettings(max_measurement_iterations=3))
     assert m.priority in (PRIORITY_NORMAL, PRIORITY_OVERUTILISED)
-    again = DipMeasurement.from_dict(m.to_dict())
-    assert again == m
+    state = ControllerState(vip="web", dips={"d": DipState("d", measuring=m)}, drain_time=0.0)
+    assert ControllerState.from_dict(state.to_dict()).dips["d"].measuring == m
 
 
 def test_a_live_pool_dip_is_measured_at_zero_first_and_a_cold_pool_at_the_equal_share() -> None:
@@ -155,8 +156,8 @@ def test_a_refresh_stops_at_the_knee_of_its_curve(elasticity: float, stops: bool
     assert m.done is stops
     if stops:
         assert m.w_max == pytest.approx(0.11) and m.target is None
-    again = DipMeasurement.from_dict(m.to_dict())
-    assert again.to_dict() == m.to_dict()
+    state = ControllerState(vip="web", dips={"d": DipState("d", measuring=m)}, drain_time=0.0)
+    assert ControllerState.from_dict(state.to_dict()).dips["d"].measuring == m
 
 
 def _refresh_at_threshold(latency: float, expected: float | None, settings: ControllerSettings) -> DipMeasurement:
