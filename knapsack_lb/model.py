@@ -13,7 +13,8 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -29,6 +30,41 @@ FRAMING_HEADERS = frozenset({"content-length", "transfer-encoding", "connection"
 MAX_PROBE_HEADERS = 32
 
 Objective = Literal["mean", "sum", "max"]
+
+
+class PlanMethod(StrEnum):
+    """How a plan's weights were made (``WeightPlan.method``)."""
+
+    MANUAL = "manual"  # set by hand (tests, benchmarks, the operator)
+    EXACT_GREEDY = "exact-greedy"  # the exact solver, every DIP's cost convex on the grid
+    EXACT_DP = "exact-dp"  # the exact solver's dynamic program (some cost not convex)
+    EXACT_BISECTION = "exact-bisection"  # the exact solver for the "max" objective
+    ILP = "ilp"  # the paper's ILP (section 4.4)
+    ILP_MULTISTEP = "ilp-multistep"  # the paper's multi-step ILP
+    MEASUREMENT = "measurement"  # a measurement round of Algorithm 1 (section 4.6)
+    EQUAL_SPLIT = "equal-split"  # nothing known yet
+    CAPACITY_PROPORTIONAL = "capacity-proportional"  # over capacity, or the solver failed
+    KEPT = "kept"  # the last good plan, restated
+
+
+class PlanFlag(StrEnum):
+    """What makes a plan other than a plain solved plan (``WeightPlan.flags``)."""
+
+    MEASURING = "measuring"  # Algorithm 1 is measuring some DIPs; the weights are its round
+    SOLVER_FAILED = "solver-failed"
+    OVER_CAPACITY = "over-capacity"  # the DIPs' estimated capacities do not cover the VIP
+    SLOW_START = "slow-start"  # a returning or new DIP is ramping up
+    NO_LIVE_DIP = "no-live-dip"  # every DIP failed, ejected or drained: the last plan is kept
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def _enum_member(kind: type[E], field_name: str, value: object) -> E:
+    allowed = [m.value for m in kind]
+    if not isinstance(value, str) or value not in allowed:
+        raise InvalidInputError(field_name, value, f"must be one of {allowed}")
+    return kind(value)
 
 
 @dataclass(frozen=True)
@@ -47,12 +83,12 @@ class WeightPlan:
     predicted_latency: Mapping[str, float] = field(default_factory=dict)
     objective: float = math.nan
     objective_kind: str = "mean"
-    method: str = "manual"
+    method: PlanMethod = PlanMethod.MANUAL
     solve_seconds: float = 0.0
     version: int = 0
     computed_at: float = 0.0
     reasons: tuple[str, ...] = ()
-    flags: tuple[str, ...] = ()
+    flags: tuple[PlanFlag, ...] = ()
 
     def __post_init__(self) -> None:
         validate_name("vip", self.vip)
@@ -69,12 +105,14 @@ class WeightPlan:
         object.__setattr__(self, "weights", dict(self.weights))
         object.__setattr__(self, "predicted_latency", dict(self.predicted_latency))
         object.__setattr__(self, "reasons", tuple(self.reasons))
-        object.__setattr__(self, "flags", tuple(self.flags))
+        object.__setattr__(self, "method", _enum_member(PlanMethod, "method", self.method))
+        object.__setattr__(self, "flags", tuple(_enum_member(PlanFlag, "flags", f) for f in self.flags))
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["reasons"] = list(self.reasons)
-        data["flags"] = list(self.flags)
+        data["method"] = self.method.value
+        data["flags"] = [f.value for f in self.flags]
         data["objective"] = None if math.isnan(self.objective) else self.objective
         return data
 
@@ -87,7 +125,7 @@ class WeightPlan:
             predicted_latency={str(k): float(v) for k, v in data.get("predicted_latency", {}).items()},
             objective=math.nan if objective is None else float(objective),
             objective_kind=str(data.get("objective_kind", "mean")),
-            method=str(data.get("method", "manual")),
+            method=data.get("method", PlanMethod.MANUAL),
             solve_seconds=float(data.get("solve_seconds", 0.0)),
             version=int(data.get("version", 0)),
             computed_at=float(data.get("computed_at", 0.0)),

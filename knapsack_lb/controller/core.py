@@ -57,7 +57,7 @@ from knapsack_lb.controller.state import ControllerState, DipState, DrainProbe
 from knapsack_lb.curves import LatencyCurve, QueueingCurve
 from knapsack_lb.curves.fitting import fit_curve
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
-from knapsack_lb.model import Measurement, VipConfig, WeightPlan
+from knapsack_lb.model import Measurement, PlanFlag, PlanMethod, VipConfig, WeightPlan
 from knapsack_lb.names import validate_name
 from knapsack_lb.store import CurveRecord
 
@@ -91,7 +91,7 @@ class SolveResult:
     weights: dict[str, float]
     predicted_latency: dict[str, float]
     objective: float
-    method: str
+    method: PlanMethod
     seconds: float
 
 
@@ -108,7 +108,7 @@ def default_solver(request: SolveRequest) -> SolveResult:
         units=request.units, time_limit=request.time_limit,
     )
     return SolveResult(dict(solution.weights), dict(solution.predicted_latency), solution.objective,
-                       solution.method, solution.seconds)
+                       PlanMethod(solution.method), solution.seconds)
 
 
 class VipController:
@@ -413,7 +413,7 @@ class VipController:
 
     # --- 5. circuit breaker ---------------------------------------------------------------------
     def _breaker(self, now: float, trusted: Mapping[str, Measurement]) -> list[str]:
-        if self.plan is None or "measuring" in self.plan.flags or self.measuring:
+        if self.plan is None or PlanFlag.MEASURING in self.plan.flags or self.measuring:
             return []  # measurement rounds overload DIPs on purpose; judge the steady state only
         live = [d for d in self.dips.values() if not d.failed and d.ready and d.measuring is None]
         rounds = {d.name: trusted[d.name] for d in live if d.name in trusted and trusted[d.name].successes > 0}
@@ -505,7 +505,7 @@ class VipController:
         # Section 4.5 acts on the steady state: measurement rounds move weights on purpose. Ours: a
         # DIP in slow start is still watched then - its kept curve is the one most likely wrong
         # (it may come back on a slower host) and its weight is the one being raised.
-        steady = "measuring" not in self.plan.flags and not self.measuring
+        steady = PlanFlag.MEASURING not in self.plan.flags and not self.measuring
         rounds: dict[str, RoundView] = {}
         curves: dict[str, tuple[LatencyCurve, float]] = {}
         overload_only: set[str] = set()
@@ -616,9 +616,9 @@ class VipController:
             return self._measurement_round(now, live, measuring, pins, reasons)
         return self._solve_plan(now, config, live, pins, drained, reasons)
 
-    def _emit(self, weights: Mapping[str, float], now: float, method: str, reasons: Sequence[str],
+    def _emit(self, weights: Mapping[str, float], now: float, method: PlanMethod, reasons: Sequence[str],
               predicted: Mapping[str, float] | None = None, objective: float = math.nan,
-              objective_kind: str = "mean", solve_seconds: float = 0.0, flags: Sequence[str] = (),
+              objective_kind: str = "mean", solve_seconds: float = 0.0, flags: Sequence[PlanFlag] = (),
               force: bool = False) -> WeightPlan | None:
         full = {n: max(0.0, float(weights.get(n, 0.0))) for n in self.dips}
         total = sum(full.values())
@@ -644,10 +644,11 @@ class VipController:
         if self.plan is not None:
             if reasons:
                 self._pending_reasons = []
-                return self._emit(self.plan.weights, now, "kept", [*reasons, note], flags=("no-live-dip",),
-                                  force=True)
+                return self._emit(self.plan.weights, now, PlanMethod.KEPT, [*reasons, note],
+                                  flags=(PlanFlag.NO_LIVE_DIP,), force=True)
             return None
-        return self._emit({n: 1.0 for n in self.dips}, now, "equal-split", [*reasons, note], flags=("no-live-dip",))
+        return self._emit({n: 1.0 for n in self.dips}, now, PlanMethod.EQUAL_SPLIT, [*reasons, note],
+                          flags=(PlanFlag.NO_LIVE_DIP,))
 
     def _awaiting(self, now: float) -> bool:
         if not self.scheduled:
@@ -706,8 +707,8 @@ class VipController:
         if schedule.remainder_method != "solver":  # the solver already held the ramps (_hold_ramps)
             self._slow_start_measurement(now, weights, schedule.scheduled, movable)
         weights.update(pinned)
-        return self._emit(weights, now, f"measurement/{schedule.remainder_method}",
-                          [*reasons, note] + ([schedule.note] if schedule.note else []), flags=("measuring",),
+        return self._emit(weights, now, PlanMethod.MEASUREMENT,
+                          [*reasons, note] + ([schedule.note] if schedule.note else []), flags=(PlanFlag.MEASURING,),
                           force=True)
 
     def _ramp_caps(self, now: float, solved: Mapping[str, float], live: Sequence[str]) -> dict[str, float]:
@@ -789,7 +790,7 @@ class VipController:
         ready = [n for n in live if self.dips[n].ready]
         starved = [n for n in live if not self.dips[n].ready]  # dropped at every weight tried
         objective = config.objective if config is not None else s.solver_objective
-        flags: list[str] = []
+        flags: list[PlanFlag] = []
         fixed: dict[str, float] = {n: 0.0 for n in self.dips if n not in live}
         fixed.update({n: w for n, w in pins.items() if n in self.dips})
         cap_sum = sum(
@@ -802,12 +803,12 @@ class VipController:
         seconds = 0.0
         if not ready:
             solved = {n: 1.0 / len(live) for n in live}
-            method = "equal-split"
+            method = PlanMethod.EQUAL_SPLIT
             reasons = [*reasons, "no curve is usable yet: equal split over live DIPs"]
         elif cap_sum < free_total - 1e-9:
             solved = capacity_proportional({n: self.dips[n].w_max for n in ready})
-            method = "capacity-proportional"
-            flags.append("over-capacity")
+            method = PlanMethod.CAPACITY_PROPORTIONAL
+            flags.append(PlanFlag.OVER_CAPACITY)
             reasons = [*reasons, f"over capacity: the DIPs' w_max sum to {cap_sum:.3f} < {free_total:.3f}; traffic "
                        "spread in proportion to estimated capacity"]
         else:
@@ -823,20 +824,20 @@ class VipController:
             except (KnapsackLBError, ValueError, ArithmeticError) as exc:
                 if self.plan is None or not s.safety.keep_last_plan_on_error:
                     solved = capacity_proportional({n: self.dips[n].w_max for n in ready})
-                    method = "capacity-proportional"
+                    method = PlanMethod.CAPACITY_PROPORTIONAL
                 else:
                     kept = {n: w for n, w in self.plan.weights.items() if n in live}
                     mass = sum(kept.values())
                     solved = {n: w / mass for n, w in kept.items()} if mass > 0 else kept
-                    method = "kept"
-                flags.append("solver-failed")
-                reasons = [*reasons, f"solver failed ({type(exc).__name__}: {exc}); "
-                           + ("kept the last good plan" if method == "kept" else "capacity-proportional split")]
-                if method == "kept" and sum(solved.values()) <= 0:
+                    method = PlanMethod.KEPT
+                flags.append(PlanFlag.SOLVER_FAILED)
+                fallback = "kept the last good plan" if method is PlanMethod.KEPT else "capacity-proportional split"
+                reasons = [*reasons, f"solver failed ({type(exc).__name__}: {exc}); {fallback}"]
+                if method is PlanMethod.KEPT and sum(solved.values()) <= 0:
                     solved = capacity_proportional({n: self.dips[n].w_max for n in ready})
-                    method = "capacity-proportional"
+                    method = PlanMethod.CAPACITY_PROPORTIONAL
         ramp: dict[str, float] | None = None
-        if method not in ("", "equal-split", "capacity-proportional", "kept"):
+        if method not in (PlanMethod.EQUAL_SPLIT, PlanMethod.CAPACITY_PROPORTIONAL, PlanMethod.KEPT):
             ramp = self._ramp_caps(now, solved, ready)
             try:
                 solved = self._hold_ramps(ready, free_total, pins, objective, solved, ramp)
@@ -847,7 +848,7 @@ class VipController:
                 spare = free_total - sum(held.values()) - sum(w for n, w in pins.items() if n in ready)
                 solved = {**{n: w * spare for n, w in rest.items()}, **held,
                           **{n: w for n, w in pins.items() if n in ready}}
-                flags.append("over-capacity")
+                flags.append(PlanFlag.OVER_CAPACITY)
                 reasons = [*reasons, "over capacity while returning DIPs ramp up: the others' w_max cannot carry "
                            "the rest; spread in proportion to estimated capacity"]
         solved = {n: solved.get(n, 0.0) for n in self.dips}
@@ -857,11 +858,11 @@ class VipController:
         if ramp is None:
             ramp = self._ramp_caps(now, solved, live)
         if ramp:
-            flags.append("slow-start")
+            flags.append(PlanFlag.SLOW_START)
             if (not reasons and not self._curves_changed and self.plan is not None
                     and now < self.applied_at + self.drain_time + s.interval - 1e-9):
                 return None  # ours: the ramp steps once its last step was observed (rounds are stale until then)
-        previous = None if self.plan is None or "measuring" in self.plan.flags else self._carried()
+        previous = None if self.plan is None or PlanFlag.MEASURING in self.plan.flags else self._carried()
         weights = apply_rails(
             solved, previous=previous, healthy=healthy, min_weight=s.safety.min_weight,
             max_change=s.safety.max_weight_change, ramp_caps=ramp, fixed=fixed,

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from knapsack_lb.errors import InvalidInputError
-from knapsack_lb.model import WeightPlan
+from knapsack_lb.model import PlanFlag, PlanMethod, WeightPlan
 from knapsack_lb.solver import exact
 from knapsack_lb.solver.grid import IntArray, Problem, build_problem
 from knapsack_lb.solver.ilp import ilp_units, paper_levels, solve_levels
@@ -64,7 +64,7 @@ class Solution:
         version: int = 0,
         computed_at: float = 0.0,
         reasons: Sequence[str] = (),
-        flags: Sequence[str] = (),
+        flags: Sequence[PlanFlag] = (),
     ) -> WeightPlan:
         """This solution as a ``WeightPlan`` (which requires ``total == 1``)."""
         return WeightPlan(
@@ -73,7 +73,7 @@ class Solution:
             predicted_latency=self.predicted_latency,
             objective=self.objective,
             objective_kind=self.objective_kind,
-            method=self.method,
+            method=PlanMethod(self.method),
             solve_seconds=self.seconds,
             version=version,
             computed_at=computed_at,

@@ -16,6 +16,7 @@ from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.lab.procs import ManagedProcess, RedisServer, free_port
 from knapsack_lb.lab.testbed.emulator import EmulatorConfig, EmulatorFleet
 from knapsack_lb.model import DipConfig, Measurement, ProbeSpec, VipConfig, WeightPlan
+from knapsack_lb.store import InForce
 from knapsack_lb.store.redis import RedisLatencyStore
 from probes.assignment import rendezvous_owner
 from probes.targets import build_targets, parse_probe_url
@@ -43,7 +44,8 @@ async def test_a_round_matches_the_emulators_own_latency(store: RedisLatencyStor
     with EmulatorFleet(configs) as fleet:
         config = _vip("web", fleet.addresses, path="/probe", requests_per_round=20, interval=5.0)
         await store.put_vip(config)
-        await store.put_plan(WeightPlan(vip="web", weights={"fast": 0.7, "slow": 0.3}))
+        await store.put_plan(WeightPlan(vip="web", weights={"fast": 0.5, "slow": 0.5}, version=2))
+        await store.put_in_force("web", InForce({"fast": 0.7, "slow": 0.3}, version=1, at=0.0))  # what the LB carries
         worker = ProbeWorker(store, ProbeWorkerOptions(worker_id="w1"))
         await worker.refresh()
         assert worker.owned == {"web:fast", "web:slow"}

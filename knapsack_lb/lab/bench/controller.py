@@ -36,6 +36,7 @@ from knapsack_lb.controller.core import VipController
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.lab.fluid import FluidDip, FluidLab, FluidModel, PlanQuality, vip_config
+from knapsack_lb.model import PlanFlag
 
 SCENARIOS = ("paper30", "two-dip", "dynamics", "operator")
 SERVICE_RATE = 100.0  # requests/s per nominal core (10 ms per request)
@@ -124,7 +125,7 @@ class Run:
                 raised = [u for n, u in util.items() if plan.weights.get(n, 0.0) > before.get(n, 0.0) + 1e-9]
                 self.max_raised_util = max(self.max_raised_util, *raised, 0.0)
         if self.built_at is None and not self.ctl.measuring and self.ctl.plan is not None \
-                and "measuring" not in self.ctl.plan.flags:
+                and PlanFlag.MEASURING not in self.ctl.plan.flags:
             self.built_at = self.now
         if self.on_tick is not None:
             self.on_tick(self.now)

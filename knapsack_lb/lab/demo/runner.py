@@ -42,7 +42,7 @@ from knapsack_lb.lab.demo.report import (
 )
 from knapsack_lb.lab.demo.settings import DemoSettings
 from knapsack_lb.lab.demo.testbed import VIP, DemoTestbed
-from knapsack_lb.model import WeightPlan
+from knapsack_lb.model import PlanFlag, WeightPlan
 from knapsack_lb.service.runner import ServiceRunner, api_component, controller_component, open_store, probe_component
 from knapsack_lb.store import LatencyStore
 
@@ -101,7 +101,7 @@ async def run_loadgen(tb: DemoTestbed, settings: DemoSettings, duration: float, 
 
 def is_learned(plan: WeightPlan | None) -> bool:
     """A solved plan (not an Algorithm 1 measurement schedule, not an equal split)."""
-    return plan is not None and "measuring" not in plan.flags and "no-live-dip" not in plan.flags
+    return plan is not None and PlanFlag.MEASURING not in plan.flags and PlanFlag.NO_LIVE_DIP not in plan.flags
 
 
 async def set_paused(store: LatencyStore, paused: bool) -> None:

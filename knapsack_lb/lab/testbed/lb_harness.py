@@ -47,7 +47,7 @@ from typing import Any, Protocol, runtime_checkable
 import httpx
 
 from adapters.base import Adapter, ApplyResult
-from knapsack_lb.model import WeightPlan
+from knapsack_lb.model import PlanMethod, WeightPlan
 from knapsack_lb.names import validate_name
 
 BACKEND_HEADER = "X-Backend"
@@ -297,7 +297,7 @@ def churn_plans(
             # make the floats sum to exactly 1 within tolerance
             first = backends[0]
             weights[first] += 1.0 - sum(weights.values())
-        plans.append(WeightPlan(vip=vip, weights=weights, version=i + 1, method="churn"))
+        plans.append(WeightPlan(vip=vip, weights=weights, version=i + 1, method=PlanMethod.MANUAL))
     return plans
 
 
@@ -511,7 +511,7 @@ def bench_lb(
         ):
             adapter = make_adapter(testbed.adapter_name, testbed.adapter_settings)
             result["adapter"] = testbed.adapter_name
-            plan = WeightPlan(vip="bench", weights=weights, method="bench")
+            plan = WeightPlan(vip="bench", weights=weights, method=PlanMethod.MANUAL)
             applied = adapter.apply(plan)
             if not applied.ok:
                 raise RuntimeError(f"apply failed: {applied.reason}")
