@@ -47,14 +47,13 @@ from knapsack_lb.controller.dynamics import (
     knee_weight,
     refresh_candidates,
     round_noise,
-    scale_curve,
 )
 from knapsack_lb.controller.measurement import DipMeasurement
 from knapsack_lb.controller.rails import apply_rails, capacity_proportional
 from knapsack_lb.controller.scheduling import MeasurementRequest, schedule_round
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.controller.state import ControllerState, DipState, DrainProbe
-from knapsack_lb.curves import LatencyCurve, QueueingCurve
+from knapsack_lb.curves import LatencyCurve
 from knapsack_lb.curves.fitting import fit_curve
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
 from knapsack_lb.model import Measurement, PlanFlag, PlanMethod, VipConfig, WeightPlan
@@ -555,7 +554,7 @@ class VipController:
 
     def _rescale(self, dip: DipState, k: float) -> None:
         """Section 4.5: multiply the curve's weights (and w_max, and its points) by ``k``."""
-        dip.curve = scale_curve(dip.curve_obj(), k).to_dict()
+        dip.curve = dip.curve_obj().scaled(k).to_dict()
         dip.w_max *= k
         dip.points = [(w * k, latency) for w, latency in dip.points]
         dip.drop_points = [(w * k, latency) for w, latency in dip.drop_points]
@@ -775,8 +774,7 @@ class VipController:
             dip = self.dips[name]
             curve = dip.curve_obj()
             cap = dip.w_max * (1 - s.safety.overload_headroom)
-            if isinstance(curve, QueueingCurve):  # the curve is infinite from c on: stay below it
-                cap = min(cap, curve.c * (1 - 1e-3))
+            cap = min(cap, curve.upper_bound * (1 - 1e-3))  # infinite from there on: stay below it
             entries.append((name, curve, cap, 0.0, pins.get(name)))
         request = SolveRequest(tuple(entries), total, objective, s.solver_method, s.solver_levels, s.solver_units,
                                s.solver_time_limit)

@@ -57,8 +57,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from knapsack_lb.controller.settings import ControllerSettings
-from knapsack_lb.curves import LatencyCurve, PiecewiseLinearCurve, QuadraticCurve, QueueingCurve
-from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.curves import LatencyCurve
 
 K_MIN, K_MAX = 1 / 3, 3.0  # bounds of one inverse-curve estimate
 K_EVENT_MIN, K_EVENT_MAX = 0.5, 1.25  # bounds of one rescale: a wrong estimate is corrected by the next event
@@ -72,19 +71,6 @@ OVERLOAD_RATIO = 3.0
 # already well-conditioned, and further up the curve's shape, not the traffic, decides a DIP's latency
 # (one DIP at elasticity 19 once outweighed the other 29 and shifted every curve the wrong way).
 SLOPE_CAP = 4.0
-
-
-def scale_curve(curve: LatencyCurve, k: float) -> LatencyCurve:
-    """The curve with its weight axis multiplied by ``k``: ``l_new(w) = l_old(w / k)``."""
-    if not k > 0 or not math.isfinite(k):
-        raise InvalidInputError("k", k, "must be a finite number > 0")
-    if isinstance(curve, QuadraticCurve):
-        return QuadraticCurve(curve.a, curve.b / k, curve.c / (k * k))
-    if isinstance(curve, QueueingCurve):
-        return QueueingCurve(curve.a, curve.b * k, curve.c * k)
-    if isinstance(curve, PiecewiseLinearCurve):
-        return PiecewiseLinearCurve(tuple(w * k for w in curve.weights), curve.values)
-    raise InvalidInputError("curve.kind", curve.kind, "cannot scale this kind of curve")
 
 
 def weight_for_latency(curve: LatencyCurve, latency: float, hi: float) -> float | None:

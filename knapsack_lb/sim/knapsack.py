@@ -36,6 +36,8 @@ from knapsack_lb.model import ApplyResult, DipConfig, Measurement, VipConfig, We
 from knapsack_lb.rounds import RoundSamples, summarise
 from knapsack_lb.sim.metrics import SimResult
 from knapsack_lb.sim.policies.base import Outcome
+from knapsack_lb.sim.policies.registry import PolicyContext
+from knapsack_lb.sim.policies.round_robin import SmoothWeightedRoundRobin, make_smooth_wrr
 from knapsack_lb.sim.simulation import Simulation
 from knapsack_lb.sim.spec import OPERATOR_EVENTS, EventSpec, PolicySpec, Scenario
 
@@ -174,6 +176,11 @@ class KnapsackDriver:
         run_now(self.loop.tick(now))
         if now + self.settings.interval <= self.sim.scenario.duration:
             self.klm.schedule(now)
+
+
+def make_knapsack_mux(ctx: PolicyContext) -> SmoothWeightedRoundRobin:
+    """KnapsackLB: the project's controller pushes weights into smooth WRR."""
+    return make_smooth_wrr(ctx)
 
 
 def run_knapsack(

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from knapsack_lb.curves import LatencyCurve, PiecewiseLinearCurve, QuadraticCurve, QueueingCurve
+from knapsack_lb.curves import LatencyCurve, QuadraticCurve, QueueingCurve
 from knapsack_lb.errors import InfeasibleError, InvalidInputError
 from knapsack_lb.solver.inputs import Columns, DipInput, check_feasible
 
@@ -247,8 +247,8 @@ class CurveTable:
         function sampled on an evenly spaced grid has non-decreasing differences, so greedy
         is exact there. Quadratic: ``sum`` needs ``c >= 0``, ``mean`` needs
         ``2b + 6cw >= 0`` at both ends. Queueing curves are convex below saturation.
-        Piecewise: slopes of the pieces meeting the range non-decreasing. Other kinds:
-        non-decreasing cost differences at ``SAMPLES`` grid-spaced points (a sampled check).
+        Other kinds answer for themselves (``LatencyCurve.cost_is_convex``) or, when they cannot
+        say exactly, get non-decreasing cost differences at ``SAMPLES`` grid-spaced points (a sampled check).
         """
         n = len(self)
         out = np.ones(n, dtype=bool)
@@ -259,16 +259,9 @@ class CurveTable:
         for i in self.generic:
             i = int(i)
             curve = self.curves[i]
-            if isinstance(curve, PiecewiseLinearCurve):
-                xs = np.asarray(curve.weights)
-                ys = np.asarray(curve.values)
-                slopes = np.diff(ys) / np.diff(xs)
-                # piece j spans [xs[j], xs[j+1]]; the first and last extend to -inf / +inf
-                left = np.concatenate(([-math.inf], xs[1:-1]))
-                right = np.concatenate((xs[1:-1], [math.inf]))
-                inside = (right > lo_w[i]) & (left < hi_w[i])
-                used = slopes[inside]
-                out[i] = bool(np.all(np.diff(used) >= -1e-12 * max(1.0, float(np.abs(used).max(initial=0.0)))))
+            exact = curve.cost_is_convex(float(lo_w[i]), float(hi_w[i]), objective)
+            if exact is not None:
+                out[i] = exact
                 continue
             ws = np.linspace(float(lo_w[i]), float(hi_w[i]), SAMPLES)
             values = np.asarray(curve.latencies(ws), dtype=np.float64)

@@ -195,5 +195,5 @@ class BlocPolicy:
 
 
 def make_bloc(ctx: PolicyContext) -> BlocPolicy:
-    """Registry factory: one fresh policy per LB instance; ``ctx.params`` are the constructor's keywords."""
+    """BLOC (ACSOS'22 IV): confidence chips, Active/Inactive lists, backoff on 429, P2C least connections."""
     return BlocPolicy(**dict(ctx.params))

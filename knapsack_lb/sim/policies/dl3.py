@@ -185,5 +185,5 @@ class Dl3Policy:
 
 
 def make_dl3(ctx: PolicyContext) -> Dl3Policy:
-    """Registry factory: one fresh policy per LB instance; ``ctx.params`` are the constructor's keywords."""
+    """DL3: piggybacked server load (T_load) + RTT EWMA (T_RTT), healthy list, probe retraction, P2C."""
     return Dl3Policy(**dict(ctx.params))

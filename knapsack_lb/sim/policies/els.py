@@ -307,5 +307,5 @@ class ElsPolicy:
 
 
 def make_els(ctx: PolicyContext) -> ElsPolicy:
-    """Registry factory: one fresh policy per LB instance; ``ctx.params`` are the constructor's keywords."""
+    """Spotify ELS: pick ~ 1 / expected latency (latencies, success rate, outstanding); relative breaker."""
     return ElsPolicy(**dict(ctx.params))

@@ -151,5 +151,5 @@ class GrpcWrrPolicy:
 
 
 def make_grpc_wrr(ctx: PolicyContext) -> GrpcWrrPolicy:
-    """Registry factory: one fresh policy per LB instance; ``ctx.params`` are the constructor's keywords."""
+    """gRPC weighted_round_robin (gRFC A58): ORCA qps/utilisation weights, blackout, expiry, EDF."""
     return GrpcWrrPolicy(**dict(ctx.params))

@@ -60,4 +60,5 @@ class HashRing(StatelessPolicy):
 
 
 def make_hash_ring(ctx: PolicyContext) -> HashRing:
+    """Consistent hash ring on the client address, 100 points per DIP (L7 report)."""
     return HashRing(ctx.dip_names, **ctx.params)

@@ -85,12 +85,15 @@ class PowerOfTwo(StatelessPolicy):
 
 
 def make_least_connections(ctx: PolicyContext) -> LeastConnections:
+    """Join the shortest queue: fewest outstanding at this LB (ties random)."""
     return LeastConnections(**ctx.params)
 
 
 def make_weighted_least_connections(ctx: PolicyContext) -> WeightedLeastConnections:
+    """Fewest (outstanding + 1) / weight (HAProxy leastconn with weights)."""
     return WeightedLeastConnections(**ctx.params)
 
 
 def make_power_of_two(ctx: PolicyContext) -> PowerOfTwo:
+    """Envoy least_request: two random DIPs, the one with fewer outstanding."""
     return PowerOfTwo(**ctx.params)

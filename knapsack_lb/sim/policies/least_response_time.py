@@ -50,4 +50,5 @@ class LeastResponseTime:
 
 
 def make_least_response_time(ctx: object) -> LeastResponseTime:
+    """Lowest EWMA response time / weight (L7 report)."""
     return LeastResponseTime(**getattr(ctx, "params", {}))

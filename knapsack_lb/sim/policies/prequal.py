@@ -155,5 +155,5 @@ class PrequalPolicy:
 
 
 def make_prequal(ctx: PolicyContext) -> PrequalPolicy:
-    """Registry factory: one fresh policy per LB instance; ``ctx.params`` are the constructor's keywords."""
+    """Prequal (NSDI'24): probes of requests-in-flight and latency, hot-cold lexicographic selection."""
     return PrequalPolicy(**dict(ctx.params))

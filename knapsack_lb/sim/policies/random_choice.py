@@ -40,8 +40,10 @@ class WeightedRandom(StatelessPolicy):
 
 
 def make_random(ctx: PolicyContext) -> RandomChoice:
+    """Uniformly random DIP."""
     return RandomChoice(**ctx.params)
 
 
 def make_weighted_random(ctx: PolicyContext) -> WeightedRandom:
+    """Random DIP with probability ~ weight."""
     return WeightedRandom(**ctx.params)

@@ -4,9 +4,11 @@ A factory takes a ``PolicyContext`` (the DIP names, the configured weights, whic
 serves, its params from the scenario) and returns a fresh ``Policy``: every LB instance gets its own
 object, so state (round-robin position, EWMAs, chips) is per instance, as in a sidecar or MUX.
 
-Entries are "module:function" strings imported on first use, so a module that is missing or broken
-only fails when its policy is asked for. To add a policy: write the module, add one line to
-``_ENTRIES`` (name, "module:factory", one-line description).
+Policies are entry points of the group ``knapsack_lb.policies`` (the project's own are listed in
+pyproject.toml), so a third party adds one with its own distribution. A factory is imported on
+first use, so a module that is missing or broken only fails when its policy is asked for; the
+first line of its docstring is the policy's description. To add a policy: write the module with
+its factory, add one entry point line.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import Any
 
 from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.plugins import POLICIES
 from knapsack_lb.sim.policies.base import Policy
 
 
@@ -39,7 +43,6 @@ PolicyFactory = Callable[[PolicyContext], Policy]
 class PolicyEntry:
     name: str
     target: str  # "module:factory"
-    description: str
 
     def factory(self) -> PolicyFactory:
         module_name, _, attr = self.target.partition(":")
@@ -47,91 +50,19 @@ class PolicyEntry:
         factory: PolicyFactory = getattr(module, attr)
         return factory
 
-
-_ENTRIES: tuple[tuple[str, str, str], ...] = (
-    # classic policies (student L7 report, L7 load balancer report)
-    ("round_robin", "knapsack_lb.sim.policies.round_robin:make_round_robin", "Round robin over DIPs (not excluded)."),
-    (
-        "weighted_round_robin",
-        "knapsack_lb.sim.policies.round_robin:make_smooth_wrr",
-        "Smooth weighted round robin (nginx) over the pushed/configured weights.",
-    ),
-    (
-        "block_weighted_round_robin",
-        "knapsack_lb.sim.policies.round_robin:make_block_wrr",
-        "Weighted round robin as in the L7 report: each DIP gets `weight` turns in a row.",
-    ),
-    ("random", "knapsack_lb.sim.policies.random_choice:make_random", "Uniformly random DIP."),
-    (
-        "weighted_random",
-        "knapsack_lb.sim.policies.random_choice:make_weighted_random",
-        "Random DIP with probability ~ weight.",
-    ),
-    (
-        "least_connections",
-        "knapsack_lb.sim.policies.least_connections:make_least_connections",
-        "Join the shortest queue: fewest outstanding at this LB (ties random).",
-    ),
-    (
-        "weighted_least_connections",
-        "knapsack_lb.sim.policies.least_connections:make_weighted_least_connections",
-        "Fewest (outstanding + 1) / weight (HAProxy leastconn with weights).",
-    ),
-    (
-        "power_of_two",
-        "knapsack_lb.sim.policies.least_connections:make_power_of_two",
-        "Envoy least_request: two random DIPs, the one with fewer outstanding.",
-    ),
-    (
-        "least_response_time",
-        "knapsack_lb.sim.policies.least_response_time:make_least_response_time",
-        "Lowest EWMA response time / weight (L7 report).",
-    ),
-    (
-        "hash_ring",
-        "knapsack_lb.sim.policies.hash_ring:make_hash_ring",
-        "Consistent hash ring on the client address, 100 points per DIP (L7 report).",
-    ),
-    # KnapsackLB: weights pushed by the controller into smooth WRR (knapsack_lb.sim.knapsack)
-    (
-        "knapsack",
-        "knapsack_lb.sim.policies.round_robin:make_smooth_wrr",
-        "KnapsackLB: the project's controller pushes weights into smooth WRR.",
-    ),
-    # part B: document policies (els, bloc, dl3, grpc_wrr, prequal) add their lines here
-    (
-        "els",
-        "knapsack_lb.sim.policies.els:make_els",
-        "Spotify ELS: pick ~ 1 / expected latency (latencies, success rate, outstanding); relative breaker.",
-    ),
-    (
-        "bloc",
-        "knapsack_lb.sim.policies.bloc:make_bloc",
-        "BLOC (ACSOS'22 IV): confidence chips, Active/Inactive lists, backoff on 429, P2C least connections.",
-    ),
-    (
-        "dl3",
-        "knapsack_lb.sim.policies.dl3:make_dl3",
-        "DL3: piggybacked server load (T_load) + RTT EWMA (T_RTT), healthy list, probe retraction, P2C.",
-    ),
-    (
-        "grpc_wrr",
-        "knapsack_lb.sim.policies.grpc_wrr:make_grpc_wrr",
-        "gRPC weighted_round_robin (gRFC A58): ORCA qps/utilisation weights, blackout, expiry, EDF.",
-    ),
-    (
-        "prequal",
-        "knapsack_lb.sim.policies.prequal:make_prequal",
-        "Prequal (NSDI'24): probes of requests-in-flight and latency, hot-cold lexicographic selection.",
-    ),
-)
-
-REGISTRY: dict[str, PolicyEntry] = {name: PolicyEntry(name, target, desc) for name, target, desc in _ENTRIES}
+    @property
+    def description(self) -> str:
+        """The first line of the factory's docstring (imports the policy's module)."""
+        doc = (self.factory().__doc__ or "").strip()
+        return doc.splitlines()[0] if doc else ""
 
 
-def register(name: str, target: str, description: str) -> None:
-    """Add a policy at run time (plugins, tests)."""
-    REGISTRY[name] = PolicyEntry(name, target, description)
+REGISTRY: dict[str, PolicyEntry] = {ep.name: PolicyEntry(ep.name, ep.value) for ep in entry_points(group=POLICIES)}
+
+
+def register(name: str, target: str) -> None:
+    """Add a policy at run time (tests; distributions use the entry point group)."""
+    REGISTRY[name] = PolicyEntry(name, target)
 
 
 def policy_names() -> list[str]:

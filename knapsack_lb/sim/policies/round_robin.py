@@ -93,13 +93,16 @@ class BlockWeightedRoundRobin(StatelessPolicy):
 
 
 def make_round_robin(ctx: PolicyContext) -> RoundRobin:
+    """Round robin over DIPs (not excluded)."""
     # each LB instance starts at a different position, as independent MUXes/sidecars do
     return RoundRobin(start=(ctx.lb_index * 7919 + ctx.seed) % max(1, len(ctx.dip_names)), **ctx.params)
 
 
 def make_smooth_wrr(ctx: PolicyContext) -> SmoothWeightedRoundRobin:
+    """Smooth weighted round robin (nginx) over the pushed/configured weights."""
     return SmoothWeightedRoundRobin(**ctx.params)
 
 
 def make_block_wrr(ctx: PolicyContext) -> BlockWeightedRoundRobin:
+    """Weighted round robin as in the L7 report: each DIP gets `weight` turns in a row."""
     return BlockWeightedRoundRobin(**ctx.params)

@@ -15,7 +15,6 @@ from knapsack_lb.controller.dynamics import (
     knee_weight,
     refresh_candidates,
     round_noise,
-    scale_curve,
     shift_factor,
     weight_for_latency,
     weighted_median,
@@ -29,7 +28,7 @@ from knapsack_lb.curves import PiecewiseLinearCurve, QuadraticCurve, QueueingCur
     PiecewiseLinearCurve((0.0, 0.1, 0.3), (0.01, 0.012, 0.03)),
 ])
 def test_scaling_multiplies_the_weight_axis(curve: object) -> None:
-    scaled = scale_curve(curve, 0.8)  # type: ignore[arg-type]
+    scaled = curve.scaled(0.8)
     ws = np.array([0.0, 0.05, 0.1, 0.2])
     assert scaled.latencies(ws * 0.8) == pytest.approx(curve.latencies(ws))  # type: ignore[attr-defined]
 

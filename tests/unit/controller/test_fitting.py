@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from knapsack_lb.curves import PiecewiseLinearCurve, QuadraticCurve, QueueingCurve
-from knapsack_lb.curves.fitting import fit_curve, fit_piecewise, fit_quadratic, fit_queueing, leave_one_out_error
+from knapsack_lb.curves.fitting import fit_curve, leave_one_out_error
 from knapsack_lb.errors import InvalidInputError
 
 
 def test_quadratic_recovers_a_quadratic() -> None:
     ws = np.array([0.0, 0.1, 0.2, 0.3, 0.4])
     ls = 0.01 + 0.02 * ws + 0.3 * ws**2
-    curve = fit_quadratic(ws, ls, upper=0.4)
+    curve = QuadraticCurve.fit(ws, ls, 0.4, None)
     assert isinstance(curve, QuadraticCurve)
     assert (curve.a, curve.b, curve.c) == pytest.approx((0.01, 0.02, 0.3), abs=1e-9)
 
@@ -21,7 +21,7 @@ def test_quadratic_recovers_a_quadratic() -> None:
 def test_quadratic_is_made_monotone_the_papers_way() -> None:
     ws = np.array([0.0, 0.1, 0.2, 0.3])
     ls = np.array([0.02, 0.01, 0.012, 0.03])  # the regression dips below its start
-    curve = fit_quadratic(ws, ls, upper=0.3)
+    curve = QuadraticCurve.fit(ws, ls, 0.3, None)
     grid = np.linspace(0, 0.3, 50)
     assert np.all(np.diff(curve.latencies(grid)) >= -1e-12)
 
@@ -30,7 +30,7 @@ def test_queueing_recovers_an_mm1_curve_exactly() -> None:
     """M/M/1 at total rate 1000/s, DIP service rate 300/s: T(w) = 1 / (300 - 1000 w) = 0.001 / (0.3 - w)."""
     ws = np.array([0.0, 0.1, 0.2, 0.25])
     ls = 1 / (300 - 1000 * ws)
-    curve = fit_queueing(ws, ls)
+    curve = QueueingCurve.fit(ws, ls, 0.0, None)
     assert curve.a == pytest.approx(0.0, abs=1e-5)
     assert curve.b == pytest.approx(0.001, rel=1e-3)
     assert curve.c == pytest.approx(0.3, rel=1e-3)
@@ -39,14 +39,14 @@ def test_queueing_recovers_an_mm1_curve_exactly() -> None:
 def test_queueing_capacity_is_bounded_by_the_drop_weight() -> None:
     ws = np.array([0.0, 0.1, 0.2])
     ls = np.array([0.01, 0.0101, 0.0102])  # flat: nothing says where it saturates...
-    curve = fit_queueing(ws, ls, drop_weight=0.24)  # ...but it dropped at 0.24
+    curve = QueueingCurve.fit(ws, ls, 0.24, (0.24, 0.1))  # ...but it dropped at 0.24
     assert curve.c <= 1.25 * 0.24 + 1e-9
 
 
 def test_piecewise_is_convex_and_non_decreasing() -> None:
     ws = np.array([0.0, 0.1, 0.2, 0.3])
     ls = np.array([0.01, 0.02, 0.018, 0.05])
-    curve = fit_piecewise(ws, ls, drop_point=(0.35, 0.1))
+    curve = PiecewiseLinearCurve.fit(ws, ls, 0.35, (0.35, 0.1))
     assert isinstance(curve, PiecewiseLinearCurve)
     slopes = np.diff(curve.values) / np.diff(curve.weights)
     assert np.all(slopes >= 0) and np.all(np.diff(slopes) >= -1e-12)
