@@ -8,7 +8,7 @@ COPY pyproject.toml README.md ./
 COPY knapsack_lb ./knapsack_lb
 COPY adapters ./adapters
 COPY probes ./probes
-RUN pip install --no-cache-dir . \
+RUN pip install --no-cache-dir ".[envoy,dns]" \
     && useradd --system --uid 10001 klb
 USER klb
 ENTRYPOINT ["klb"]

@@ -33,7 +33,13 @@ def load_plugin(group: str, name: str, field: str) -> Any:
     (and the installed names) when there is none."""
     for ep in entry_points(group=group):
         if ep.name == name:
-            return ep.load()
+            try:
+                return ep.load()
+            except ModuleNotFoundError as exc:
+                raise InvalidInputError(
+                    field, name, f"this plugin needs the package {exc.name!r}, which is not installed "
+                    f"(install its extra, e.g. pip install 'knapsack-lb[{name}]')"
+                ) from None
     raise InvalidInputError(field, name, f"no such plugin in {group!r}; installed: {plugin_names(group)}")
 
 
