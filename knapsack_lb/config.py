@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import secrets
 import socket
 import types
 import typing
@@ -110,10 +111,15 @@ class ProbeWorkerSettings(BaseModel):
 
     def resolved_worker_id(self) -> str:
         """``worker_id``, or '<hostname>-<pid>' made a valid name."""
-        if self.worker_id:
-            return self.worker_id
-        host = "".join(c if c.isalnum() or c in "._-" else "-" for c in socket.gethostname())[:40] or "host"
-        return validate_name("probes.worker_id", f"{host.lstrip('._-') or 'host'}-{os.getpid()}")
+        return self.worker_id or process_id("probes.worker_id")
+
+
+def process_id(field: str, *, unique: bool = False) -> str:
+    """'<hostname>-<pid>' made a valid name; with ``unique``, a random suffix as well, so that two
+    processes never share it even across hosts with the same name and pid (containers)."""
+    host = "".join(c if c.isalnum() or c in "._-" else "-" for c in socket.gethostname())[:40] or "host"
+    suffix = f"-{secrets.token_hex(3)}" if unique else ""
+    return validate_name(field, f"{host.lstrip('._-') or 'host'}-{os.getpid()}{suffix}")
 
 
 class ApiSettings(BaseModel):
@@ -311,9 +317,22 @@ class KlbConfig(BaseModel):
         "store-first."
     )
     controller: ControllerSettings = Field(default_factory=ControllerSettings, description="Controller knobs.")
+    controller_id: str | None = Field(
+        None, description="Identity of this controller process in leases (name); two live processes never share "
+        "one (the second waits until the first's identity lease expires). Default: '<hostname>-<pid>-<random>'."
+    )
     probes: ProbeWorkerSettings = Field(default_factory=ProbeWorkerSettings, description="The probe worker.")
     api: ApiSettings = Field(default_factory=ApiSettings, description="The admin API.")
     logging: LoggingSettings = Field(default_factory=LoggingSettings, description="Logging.")
+
+    @field_validator("controller_id")
+    @classmethod
+    def _controller_id(cls, value: str | None) -> str | None:
+        return None if value is None else validate_name("controller_id", value)
+
+    def resolved_controller_id(self) -> str:
+        """``controller_id``, or a unique '<hostname>-<pid>-<random>'."""
+        return self.controller_id or process_id("controller_id", unique=True)
 
     @field_validator("load_balancers")
     @classmethod

@@ -40,3 +40,18 @@ class InfeasibleError(KnapsackLBError):
 
 class SolverError(KnapsackLBError):
     """A solver failed to produce a plan (time limit, solver crash, numerical trouble)."""
+
+
+class StoreUnavailableError(KnapsackLBError, ConnectionError):
+    """The latency store does not answer (down, unreachable, timed out, loading). Callers back off
+    and retry; nothing they hold is lost by it."""
+
+
+class StalePlanError(KnapsackLBError):
+    """A plan older than the stored one: another controller wrote a newer version of this VIP's
+    plan (it took the VIP over), so this writer is stale and must not push its plan."""
+
+    def __init__(self, vip: str, version: int, stored: int) -> None:
+        super().__init__(f"VIP {vip!r}: plan v{version} is stale, the store holds v{stored}")
+        self.vip, self.version, self.stored = vip, version, stored
+

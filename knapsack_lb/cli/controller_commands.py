@@ -28,9 +28,10 @@ def _fail(exc: Exception) -> typer.Exit:
 
 def controller_command(
     config: Path = typer.Option(None, "--config", "-c", help="YAML configuration file: run the controller it "
-                                "describes (the other options are ignored)."),
+                                "describes (the other options but --controller-id are ignored)."),
     redis: str = typer.Option(None, "--redis", help="Latency store, e.g. redis://127.0.0.1:6379/0."),
-    controller_id: str = typer.Option("controller-1", "--controller-id", help="Name in the controllers lease group."),
+    controller_id: str = typer.Option(None, "--controller-id", help="This process's identity in leases (default: "
+                                      "the file's controller_id, else '<hostname>-<pid>-<random>')."),
     namespace: str = typer.Option("klb", help="Key namespace in Redis."),
     interval: float = typer.Option(None, help="Seconds between steps per VIP (default: the settings' 5 s)."),
     max_rounds: int = typer.Option(None, help="Stop after this many passes (default: run until SIGINT/SIGTERM)."),
@@ -39,7 +40,7 @@ def controller_command(
     if config is not None:
         from knapsack_lb.cli.service_commands import run_services
 
-        raise typer.Exit(run_services(config, probes=False, controller=True, api=False))
+        raise typer.Exit(run_services(config, probes=False, controller=True, api=False, controller_id=controller_id))
     if redis is None:
         raise _fail(ValueError("give --config FILE or --redis URL"))
     from knapsack_lb.controller.settings import ControllerSettings

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from knapsack_lb.config import ConfigError, KlbConfig, load_config, reference_markdown, require_safe_listen
 from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.names import validate_name
 from knapsack_lb.service.logs import configure_logging
 
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="YAML configuration file.")]
@@ -146,14 +147,21 @@ async def run_checks(config: KlbConfig) -> list[CheckItem]:
     return [*items, redis_item, *dips, *lbs]
 
 
-def run_services(config: Path, *, probes: bool, controller: bool, api: bool) -> int:
+def run_services(config: Path, *, probes: bool, controller: bool, api: bool, controller_id: str | None = None) -> int:
     """Run the chosen components of ``config`` in one process until SIGTERM/SIGINT; the exit code.
 
     ``klb run`` runs all three; ``klb probe --config`` and ``klb controller --config`` run one.
+    ``controller_id`` replaces the file's.
     """
     from knapsack_lb.service.runner import ServiceRunner, api_component, controller_component, probe_component
 
     cfg = _load(config)
+    if controller_id is not None:
+        try:
+            cfg = cfg.model_copy(update={"controller_id": validate_name("controller_id", controller_id)})
+        except InvalidInputError as exc:
+            Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
+            return 2
     configure_logging(cfg.logging.level, cfg.logging.json_lines)
     components = []
     if cfg.probes.enabled and probes:

@@ -73,7 +73,7 @@ class DrainProbe:
 class ControllerState(BaseModel):
     """One VIP controller's whole state, as stored (``VipController.state()``)."""
 
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+    model_config = ConfigDict(extra="ignore", ser_json_inf_nan="strings")  # the loop adds its counters
 
     state_version: Literal[2] = STATE_VERSION
     vip: str

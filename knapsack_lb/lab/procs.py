@@ -105,11 +105,14 @@ class ManagedProcess:
 
 @dataclass
 class RedisServer:
-    """A throw-away ``redis-server`` on a free loopback port, nothing persisted to disk."""
+    """A throw-away ``redis-server`` on a free loopback port; nothing persisted to disk unless
+    ``persistent`` (append-only file, fsync on every write: a restart after SIGKILL keeps every
+    acknowledged write, as a production Redis configured for it does)."""
 
     workdir: Path
     host: str = "127.0.0.1"
     port: int = 0
+    persistent: bool = False
     _proc: ManagedProcess | None = field(default=None, init=False)
 
     @property
@@ -120,8 +123,9 @@ class RedisServer:
         self.port = self.port or free_port(self.host)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._proc = ManagedProcess(
-            [require_binary("redis-server"), "--port", str(self.port), "--bind", self.host,
-             "--save", "", "--appendonly", "no", "--dir", str(self.workdir)],
+            [require_binary("redis-server"), "--port", str(self.port), "--bind", self.host, "--save", "",
+             *(["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else ["--appendonly", "no"]),
+             "--dir", str(self.workdir)],
             log_path=self.workdir / "redis.log",
         ).start()
         wait_for_port(self.host, self.port)

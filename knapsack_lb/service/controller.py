@@ -14,9 +14,25 @@ Every ``interval`` seconds the service
 Everything else - pause, dry run, pins, drains, re-measure requests, confirmation by the LB,
 re-applying on drift, persisting plans, curves and state - is the loop's (:mod:`knapsack_lb.loop`).
 
+Identity: every process has its own ``controller_id`` (by default '<hostname>-<pid>-<random>')
+and holds it as a lease in group ``controller-ids`` under a random per-process token, so two
+processes configured with the same id never both run: the second waits, logging why, until the
+first's identity lease expires.
+
+Fencing: a VIP's plan versions only go up. A loop that takes a VIP over starts its versions above
+the stored plan's, and the store refuses a plan that is not newer than the stored one
+(:class:`~knapsack_lb.errors.StalePlanError`): a controller that was paused (SIGSTOP, a long GC,
+a partition) while another took its VIP over drops the VIP instead of pushing its stale plan.
+
+Faults: the store being unreachable never ends the service. A pass that cannot reach it is
+abandoned, logged once per outage, and retried with exponential backoff (``RETRY_INITIAL``
+doubling up to the interval); meanwhile no lease is renewed, nothing is pushed and the load
+balancers keep the last weights they were given. A store or adapter error in one VIP's tick is
+logged and counted (``step_failures`` in the controller's status) and the VIP is retried on the
+next pass; the others go on.
+
 Time: probe rounds carry wall-clock timestamps, so the service steps its controllers on
-``clock.wall()`` when the clock has one (``SystemClock``, ``FakeClock``). Failure: a store error
-in one VIP's tick is logged and the VIP is retried on the next pass; the others go on.
+``clock.wall()`` when the clock has one (``SystemClock``, ``FakeClock``).
 """
 
 from __future__ import annotations
@@ -25,16 +41,17 @@ import asyncio
 import contextlib
 import logging
 import random
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.base import Adapter
 from knapsack_lb.clock import Clock, SystemClock
-from knapsack_lb.config import KlbConfig
+from knapsack_lb.config import KlbConfig, process_id
 from knapsack_lb.controller.core import SolverFn, VipController
 from knapsack_lb.controller.settings import ControllerSettings
-from knapsack_lb.errors import KnapsackLBError
+from knapsack_lb.errors import KnapsackLBError, StalePlanError, StoreUnavailableError, short_repr
 from knapsack_lb.loop import APPLY_FAILURES, APPLY_WARNINGS, ControlLoop, Sink, StoreSource, TickOutcome
 from knapsack_lb.model import ApplyResult, VipConfig, WeightPlan
 from knapsack_lb.names import validate_name
@@ -44,6 +61,8 @@ from knapsack_lb.store import CONTROLLER_LEASES, CONTROLLER_STATUS, LatencyStore
 log = logging.getLogger(__name__)
 
 LEASE_GROUP = CONTROLLER_LEASES
+IDENTITY_GROUP = "controller-ids"
+RETRY_INITIAL = 0.5  # seconds before the first retry of a pass the store did not answer
 
 
 def _wall(clock: Clock) -> float:
@@ -78,16 +97,19 @@ class ControllerService:
     store: LatencyStore
     settings: ControllerSettings = field(default_factory=ControllerSettings)
     clock: Clock = field(default_factory=SystemClock)
-    controller_id: str = "controller-1"
+    controller_id: str = field(default_factory=lambda: process_id("controller_id", unique=True))
     adapter_factory: AdapterFactory = no_load_balancers
     solver: SolverFn | None = None
     seed: int = 0
     loops: dict[str, ControlLoop] = field(default_factory=dict)
     rounds: int = 0
+    step_failures: int = 0
+    store_ready: bool = True
 
     def __post_init__(self) -> None:
         validate_name("controller_id", self.controller_id)
         self.adapters = AdapterPool(self.adapter_factory)
+        self.token = secrets.token_hex(8)  # this process's claim on its controller_id
 
     @property
     def controllers(self) -> dict[str, VipController]:
@@ -99,6 +121,11 @@ class ControllerService:
         """One pass over the VIPs this process can lease."""
         self.rounds += 1
         ttl = self.settings.lease_ttl
+        if not await self.store.acquire_lease(IDENTITY_GROUP, self.controller_id, self.token, ttl):
+            log.error("controller id is held by another live process; waiting for its lease to expire",
+                      extra={"controller_id": self.controller_id})
+            self.loops.clear()
+            return []
         await self.store.heartbeat(LEASE_GROUP, self.controller_id, ttl)
         owned = []
         for vip in sorted(await self.store.list_vips()):
@@ -116,14 +143,20 @@ class ControllerService:
         for vip in owned:
             try:
                 outcome = await (await self._loop(vip)).tick(now)
+            except StalePlanError as exc:
+                log.warning("a newer plan is in the store: another controller took the VIP over; dropping it",
+                            extra={"vip": vip, "error": str(exc)})
+                self.loops.pop(vip, None)
+                outcome = TickOutcome(vip, error=str(exc))
             except (KnapsackLBError, OSError, ConnectionError, ValueError) as exc:
-                log.warning("controller step failed", extra={"vip": vip, "error": str(exc)})
-                outcome = TickOutcome(vip, error=f"{type(exc).__name__}: {exc}")
+                self.step_failures += 1
+                log.warning("controller step failed", extra={"vip": vip, "error": short_repr(str(exc))})
+                outcome = TickOutcome(vip, error=f"{type(exc).__name__}: {short_repr(str(exc))}")
             if outcome.skipped == "no configuration":
                 self.loops.pop(vip, None)
             outcomes.append(outcome)
         await self.store.put_status(CONTROLLER_STATUS, self.controller_id, {
-            "vips": owned, "rounds": self.rounds, "time": _wall(self.clock),
+            "vips": owned, "rounds": self.rounds, "time": _wall(self.clock), "step_failures": self.step_failures,
             "errors": {o.vip: o.error for o in outcomes if o.error},
         }, ttl)
         return outcomes
@@ -133,8 +166,11 @@ class ControllerService:
         if loop is not None:
             return loop
         snap = await self.store.snapshot(vip)
-        loop = ControlLoop(self._controller(vip, snap.config, snap.controller_state), StoreSource(self.store, vip),
-                           self._sink, lambda: _wall(self.clock), state=self.store, read_at_start=True)
+        controller = self._controller(vip, snap.config, snap.controller_state)
+        if snap.current_plan is not None:  # fencing: versions continue above whatever is stored
+            controller.version = max(controller.version, snap.current_plan.version)
+        loop = ControlLoop(controller, StoreSource(self.store, vip), self._sink, lambda: _wall(self.clock),
+                           state=self.store, read_at_start=True)
         stored = snap.controller_state or {}
         loop.counters = {key: int(stored[key]) for key in (APPLY_FAILURES, APPLY_WARNINGS)
                          if isinstance(stored.get(key), int)}
@@ -163,22 +199,40 @@ class ControllerService:
         """Tick every ``interval`` until ``stop`` is set or ``max_rounds`` passes are done."""
         stop = stop or asyncio.Event()
         done = 0
+        retry = RETRY_INITIAL
         while not stop.is_set() and (max_rounds is None or done < max_rounds):
             started = self.clock.now()
-            await self.tick()
+            try:
+                await self.tick()
+            except StoreUnavailableError as exc:
+                if self.store_ready:
+                    log.error("the store does not answer; the load balancers keep their weights, retrying",
+                              extra={"error": short_repr(str(exc))})
+                self.store_ready = False
+                await self._sleep(stop, retry)
+                retry = min(2 * retry, self.settings.interval)
+                continue
+            if not self.store_ready:
+                log.info("the store answers again; control resumed", extra={"controller_id": self.controller_id})
+            self.store_ready, retry = True, RETRY_INITIAL
             done += 1
             wait = max(0.0, self.settings.interval - (self.clock.now() - started))
             if max_rounds is not None and done >= max_rounds:
                 break
-            if isinstance(self.clock, SystemClock):
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=wait)
-            else:
-                await self.clock.sleep(wait)
+            await self._sleep(stop, wait)
         for vip in list(self.loops):
             with contextlib.suppress(KnapsackLBError, OSError, ConnectionError):
                 await self.store.release_lease(LEASE_GROUP, vip, self.controller_id)
+        with contextlib.suppress(KnapsackLBError, OSError, ConnectionError):
+            await self.store.release_lease(IDENTITY_GROUP, self.controller_id, self.token)
         self.adapters.close()
+
+    async def _sleep(self, stop: asyncio.Event, seconds: float) -> None:
+        if isinstance(self.clock, SystemClock):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=seconds)
+        else:
+            await self.clock.sleep(seconds)
 
 
 async def run_controller_service(
@@ -186,13 +240,14 @@ async def run_controller_service(
     settings: ControllerSettings,
     clock: Clock | None = None,
     *,
-    controller_id: str = "controller-1",
+    controller_id: str | None = None,
     stop: asyncio.Event | None = None,
     max_rounds: int | None = None,
     adapter_factory: AdapterFactory = no_load_balancers,
 ) -> ControllerService:
     """Build the service and run it until ``stop`` (reusable by ``klb controller`` and ``klb run``)."""
-    service = ControllerService(store, settings, clock or SystemClock(), controller_id,
+    service = ControllerService(store, settings, clock or SystemClock(),
+                                controller_id or process_id("controller_id", unique=True),
                                 adapter_factory=adapter_factory)
     await service.run(stop, max_rounds=max_rounds)
     return service
@@ -200,5 +255,5 @@ async def run_controller_service(
 
 async def run_controller(store: LatencyStore, config: KlbConfig, stop: asyncio.Event) -> None:
     """The ``klb run`` component entry point: the controller with the file's load balancers."""
-    await run_controller_service(store, config.controller, stop=stop,
+    await run_controller_service(store, config.controller, stop=stop, controller_id=config.resolved_controller_id(),
                                  adapter_factory=adapter_factory(config.load_balancers))

@@ -5,12 +5,19 @@ write latencies into the store, the controller reads them and pushes weights, an
 the admin API shows and overrides it all. ``klb run`` runs the three in one process for
 small setups; ``klb probe``, ``klb controller`` and ``klb api`` run one each to scale out.
 
-Lifecycle: open the store, seed the VIPs of the configuration file (``vip_source``), start
-each component as a task, and wait. SIGTERM or SIGINT sets the stop event: uvicorn stops
-accepting requests, the probe worker and the controller are asked to stop (they finish or
-abandon their round and flush what they buffered), and then the store is closed - after
-every component is done, so nothing a component already handed to the store is lost. A
-component that crashes stops the others; the process then exits non-zero.
+Lifecycle: open the store, start each component as a supervised task, seed the VIPs of the
+configuration file (``vip_source``) as soon as the store answers, and wait. SIGTERM or SIGINT
+sets the stop event: uvicorn stops accepting requests, the probe worker and the controller are
+asked to stop (they finish or abandon their round and flush what they buffered), and then the
+store is closed - after every component is done, so nothing a component already handed to the
+store is lost.
+
+Faults: nothing here needs the store to start. Seeding is retried with backoff until the store
+answers. A component that fails (or ends before a stop was asked for) is logged and restarted
+with exponential backoff (``RESTART_INITIAL`` doubling to ``RESTART_MAX``, reset after it ran
+for ``RESTART_RESET``), while the others go on: a crash of one part never takes the probes'
+buffered rounds or the API down with it. The exit code is 0 after a clean stop and 1 when a
+component had to be cancelled because it did not stop within ``stop_grace``.
 """
 
 from __future__ import annotations
@@ -26,9 +33,14 @@ from typing import Any
 import uvicorn
 
 from knapsack_lb.config import KlbConfig, RedisSettings, require_safe_listen
+from knapsack_lb.errors import KnapsackLBError, short_repr
 from knapsack_lb.store import LatencyStore
 
 log = logging.getLogger(__name__)
+
+RESTART_INITIAL = 1.0  # seconds before a failed component is restarted the first time
+RESTART_MAX = 30.0
+RESTART_RESET = 60.0  # a component that ran this long before failing restarts after RESTART_INITIAL again
 
 StopEvent = asyncio.Event
 ComponentMain = Callable[[LatencyStore, StopEvent], Coroutine[Any, Any, None]]
@@ -143,6 +155,7 @@ class ServiceRunner:
         self.store_factory = store_factory or (lambda: open_store(config.redis))
         self.stop_grace = stop_grace
         self.stop = asyncio.Event()
+        self.restarts: dict[str, int] = {}
 
     def request_stop(self, reason: str = "requested") -> None:
         if not self.stop.is_set():
@@ -150,54 +163,69 @@ class ServiceRunner:
             self.stop.set()
 
     async def run(self) -> int:
-        """Run until a signal or a crash; 0 after a clean stop, 1 if a component failed."""
+        """Run until SIGTERM/SIGINT; 0 after a clean stop, 1 if a component had to be cancelled."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
         store = self.store_factory()
-        failed = False
+        stuck = False
         try:
-            seeded = await seed_vips(store, self.config)
-            log.info("service starting", extra={"components": [c.name for c in self.components], "seeded": seeded})
-            tasks: dict[asyncio.Task[Any], str] = {
-                asyncio.create_task(c.main(store, self.stop), name=c.name): c.name for c in self.components
-            }
-            stopper = asyncio.create_task(self.stop.wait(), name="stop")
-            pending: set[asyncio.Task[Any]] = set(tasks)
-            done, _ = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if task is stopper:
-                    continue
-                failed |= self._report(task, tasks[task], early=True)
-            self.request_stop("component ended" if not self.stop.is_set() else "signal")
-            pending = {t for t in tasks if not t.done()}
-            if pending:
-                done, still = await asyncio.wait(pending, timeout=self.stop_grace)
-                for task in done:
-                    failed |= self._report(task, tasks[task], early=False)
-                for task in still:
-                    log.warning("component did not stop in time; cancelled", extra={"component": tasks[task]})
-                    task.cancel()
-                if still:
-                    await asyncio.gather(*still, return_exceptions=True)
-            stopper.cancel()
+            log.info("service starting", extra={"components": [c.name for c in self.components]})
+            tasks = {asyncio.create_task(self._supervise(c, store), name=c.name): c.name for c in self.components}
+            seeding = asyncio.create_task(self._seed(store), name="seed")
+            await self.stop.wait()
+            seeding.cancel()
+            _, still = await asyncio.wait(set(tasks), timeout=self.stop_grace)
+            for task in still:
+                log.warning("component did not stop in time; cancelled", extra={"component": tasks[task]})
+                task.cancel()
+            await asyncio.gather(seeding, *still, return_exceptions=True)
+            stuck = bool(still)
         finally:
             await store.close()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(sig)
-        log.info("service stopped", extra={"clean": not failed})
-        return 1 if failed else 0
+        log.info("service stopped", extra={"clean": not stuck, "restarts": dict(self.restarts)})
+        return 1 if stuck else 0
 
-    def _report(self, task: asyncio.Task[Any], name: str, early: bool) -> bool:
-        """Log how a component ended; True when it failed."""
-        if task.cancelled():
-            return False
-        exc = task.exception()
-        if exc is not None:
-            log.error("component failed", extra={"component": name}, exc_info=exc)
-            return True
-        if early and not self.stop.is_set():
-            log.warning("component ended before a stop was requested", extra={"component": name})
-        return False
+    async def _seed(self, store: LatencyStore) -> None:
+        """Seed the file's VIPs once the store answers, retrying with backoff."""
+        delay = RESTART_INITIAL
+        while not self.stop.is_set():
+            try:
+                seeded = await seed_vips(store, self.config)
+            except (KnapsackLBError, OSError, ConnectionError) as exc:
+                log.warning("cannot seed the VIPs yet; retrying", extra={"error": short_repr(str(exc)), "in": delay})
+                await self._pause(delay)
+                delay = min(2 * delay, RESTART_MAX)
+                continue
+            log.info("VIPs seeded from the configuration file", extra={"seeded": seeded})
+            return
+
+    async def _supervise(self, component: Component, store: LatencyStore) -> None:
+        """Run ``component`` until a stop is asked for, restarting it with backoff when it fails."""
+        delay = RESTART_INITIAL
+        loop = asyncio.get_running_loop()
+        while not self.stop.is_set():
+            started = loop.time()
+            try:
+                await component.main(store, self.stop)
+            except Exception as exc:  # any failure of one component: restart it, keep the others
+                log.error("component failed; restarting it", extra={"component": component.name, "in": delay},
+                          exc_info=exc)
+            else:
+                if self.stop.is_set():
+                    return
+                log.warning("component ended before a stop was asked for; restarting it",
+                            extra={"component": component.name, "in": delay})
+            self.restarts[component.name] = self.restarts.get(component.name, 0) + 1
+            if loop.time() - started >= RESTART_RESET:
+                delay = RESTART_INITIAL
+            await self._pause(delay)
+            delay = min(2 * delay, RESTART_MAX)
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop.wait(), timeout=seconds)

@@ -97,7 +97,8 @@ class LatencyStore(Protocol):
 
     # --- plans, curves, controller state -------------------------------------------
     async def put_plan(self, plan: WeightPlan) -> None:
-        """Make ``plan`` current and append it to the bounded plan history."""
+        """Make ``plan`` current and append it to the bounded plan history; a versioned plan (version
+        >= 1) not newer than the stored one raises :class:`~knapsack_lb.errors.StalePlanError`."""
         ...
 
     async def current_plan(self, vip: str) -> WeightPlan | None: ...

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from knapsack_lb.clock import Clock, SystemClock
-from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.errors import InvalidInputError, StalePlanError
 from knapsack_lb.model import Measurement, VipConfig, WeightPlan
 from knapsack_lb.names import validate_name
 from knapsack_lb.store import CurveRecord, InForce, VipSnapshot
@@ -119,6 +119,8 @@ class MemoryLatencyStore:
     # --- plans, curves, state -------------------------------------------------------------
     async def put_plan(self, plan: WeightPlan) -> None:
         data = self._vip(plan.vip)
+        if plan.version > 0 and data.plan is not None and data.plan.version >= plan.version:
+            raise StalePlanError(plan.vip, plan.version, data.plan.version)
         data.plan = plan
         data.history.append(plan)
         del data.history[: -self.plan_history_limit]

@@ -36,23 +36,30 @@ so workers on different hosts need no synchronised clocks. ``acquire_lease`` is 
 compare-and-set / compare-and-renew script: it succeeds when the lease is free, expired
 or already the caller's.
 
+Plans are fenced: ``put_plan`` refuses a versioned plan that is not newer than the stored one
+(:class:`~knapsack_lb.errors.StalePlanError`), so a controller that was paused or cut off while
+another took its VIP over can never overwrite the newer plan.
+
 Round trips: ``put_measurements`` is one pipeline whatever the number of DIPs and VIPs;
-``snapshot`` is one pipeline of six reads. Failures: every method raises redis-py's
-``ConnectionError`` / ``TimeoutError`` when Redis is unreachable; callers decide (the probe
-worker buffers, see :mod:`probes.worker`).
+``snapshot`` is one pipeline of six reads. Failures: every method raises
+:class:`~knapsack_lb.errors.StoreUnavailableError` when Redis is unreachable, times out or is
+still loading; callers decide (the probe worker buffers, see :mod:`probes.worker`; the controller
+backs off and keeps the load balancer's weights).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
 
-from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.errors import InvalidInputError, StalePlanError, StoreUnavailableError
 from knapsack_lb.model import Measurement, VipConfig, WeightPlan
 from knapsack_lb.names import validate_name
 from knapsack_lb.store import CurveRecord, InForce, VipSnapshot
@@ -95,6 +102,20 @@ if (not current) or current == ARGV[1] then
   return 1
 end
 return 0
+"""
+
+_PUT_PLAN = """
+local current = redis.call('GET', KEYS[1])
+local version = tonumber(ARGV[2])
+if version > 0 and current then
+  local ok, decoded = pcall(cjson.decode, current)
+  local stored = ok and tonumber(decoded['version']) or 0
+  if stored >= version then return stored end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('RPUSH', KEYS[2], ARGV[1])
+redis.call('LTRIM', KEYS[2], -tonumber(ARGV[3]), -1)
+return -1
 """
 
 _RELEASE = """
@@ -172,6 +193,32 @@ def _validate_resource(resource: str) -> str:
     return resource
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+UNAVAILABLE = (aioredis.ConnectionError, aioredis.TimeoutError, OSError)
+
+
+def _store_errors(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    @functools.wraps(method)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await method(*args, **kwargs)
+        except UNAVAILABLE as exc:
+            raise StoreUnavailableError(f"redis: {type(exc).__name__}: {exc}") from exc
+
+    return wrapper
+
+
+def _unavailable_as_store_errors(cls: type[T]) -> type[T]:
+    """Every coroutine method of ``cls`` raises :class:`StoreUnavailableError` for an unreachable Redis."""
+    for name, member in list(vars(cls).items()):
+        if inspect.iscoroutinefunction(member) and name not in ("ping", "close"):
+            setattr(cls, name, _store_errors(member))
+    return cls
+
+
+@_unavailable_as_store_errors
 class RedisLatencyStore:
     """:class:`~knapsack_lb.store.LatencyStore` on Redis (see the module docstring for keys)."""
 
@@ -202,6 +249,7 @@ class RedisLatencyStore:
         self._live_members = client.register_script(_LIVE_MEMBERS)
         self._acquire = client.register_script(_ACQUIRE)
         self._release = client.register_script(_RELEASE)
+        self._put_plan = client.register_script(_PUT_PLAN)
         self._put_status = client.register_script(_PUT_STATUS)
         self._statuses = client.register_script(_STATUSES)
 
@@ -333,12 +381,12 @@ class RedisLatencyStore:
 
     # --- plans, curves, controller state -------------------------------------------------------
     async def put_plan(self, plan: WeightPlan) -> None:
-        text = _plan_json(plan)
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.set(self._vk(plan.vip, "plan"), text)
-            pipe.rpush(self._vk(plan.vip, "plans"), text)
-            pipe.ltrim(self._vk(plan.vip, "plans"), -self.plan_history_limit, -1)
-            await pipe.execute()
+        """Store a plan as current and append it to the history, atomically; a versioned plan not
+        newer than the stored one raises :class:`StalePlanError` (the fence against a stale writer)."""
+        stored = await self._put_plan(keys=[self._vk(plan.vip, "plan"), self._vk(plan.vip, "plans")],
+                                      args=[_plan_json(plan), plan.version, self.plan_history_limit])
+        if int(stored) >= 0:
+            raise StalePlanError(plan.vip, plan.version, int(stored))
 
     async def current_plan(self, vip: str) -> WeightPlan | None:
         text = await self.client.get(self._vk(vip, "plan"))

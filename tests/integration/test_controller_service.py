@@ -19,6 +19,7 @@ import pytest
 from adapters.recording import RecordingAdapter
 from knapsack_lb.clock import FakeClock
 from knapsack_lb.controller.settings import ControllerSettings
+from knapsack_lb.errors import StalePlanError
 from knapsack_lb.lab.fluid import FluidDip, FluidModel
 from knapsack_lb.lab.procs import RedisServer
 from knapsack_lb.model import AdapterSpec, DipConfig, VipConfig
@@ -115,6 +116,41 @@ async def test_a_killed_controller_is_taken_over_and_resumed_from_the_store(stor
             break
     assert not resumed.measuring
     assert max(d.iterations for d in resumed.dips.values()) <= 10
+
+
+async def test_a_stale_owner_cannot_store_or_push_an_older_plan(store: RedisLatencyStore) -> None:
+    world = await _world(store)
+    stale = world.service("ctl-a")
+    for _ in range(3):
+        await world.probe_round()
+        await stale.tick()
+    # ctl-a freezes; ctl-b takes the VIP over once the lease expires and goes on planning
+    await asyncio.sleep(SETTINGS.lease_ttl + 0.3)
+    fresh = world.service("ctl-b")
+    for _ in range(3):
+        await world.probe_round()
+        await fresh.tick()
+    assert await store.lease_owner(LEASE_GROUP, "web") == "ctl-b"
+    pushes = len(world.adapter.applied)
+    # ctl-a thaws mid-pass, after its lease check: its loop steps and tries to store an older version
+    await world.probe_round()
+    with pytest.raises(StalePlanError):
+        for _ in range(5):
+            await stale.loops["web"].tick(world.clock.wall())
+            await world.probe_round()
+    assert len(world.adapter.applied) == pushes  # the stale plan never reached the LB
+    versions = [p.version for p in await store.plan_history("web", limit=100)]
+    assert versions == sorted(set(versions))
+    await stale.tick()  # its next pass drops the VIP: the lease is ctl-b's
+    assert "web" not in stale.loops
+
+
+async def test_two_services_with_one_controller_id_never_both_run(store: RedisLatencyStore) -> None:
+    world = await _world(store)
+    first, second = world.service("ctl-a"), world.service("ctl-a")
+    await world.probe_round()
+    assert [o.vip for o in await first.tick()] == ["web"]
+    assert await second.tick() == [] and not second.loops
 
 
 async def test_dry_run_stores_plans_but_pushes_nothing(store: RedisLatencyStore) -> None:

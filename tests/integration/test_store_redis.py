@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.errors import InvalidInputError, StalePlanError, StoreUnavailableError
 from knapsack_lb.lab.procs import ManagedProcess, RedisServer, free_port, require_binary, wait_for_port
 from knapsack_lb.model import DipConfig, Measurement, ProbeSpec, VipConfig, WeightPlan
 from knapsack_lb.store import CurveRecord, LatencyStore
@@ -121,6 +121,31 @@ async def test_plans_current_and_bounded_history(store: LatencyStore) -> None:
     history = await store.plan_history("web", limit=10)
     assert [p.version for p in history] == [2, 3, 4]  # plan_history_limit = 3, oldest first
     assert [p.version for p in await store.plan_history("web", limit=2)] == [3, 4]
+
+
+async def test_a_plan_not_newer_than_the_stored_one_is_refused(store: LatencyStore) -> None:
+    await store.put_plan(WeightPlan(vip="web", weights={"d1": 1.0}, version=5))
+    for stale in (5, 3):
+        with pytest.raises(StalePlanError) as refused:
+            await store.put_plan(WeightPlan(vip="web", weights={"d2": 1.0}, version=stale))
+        assert refused.value.stored == 5
+    current = await store.current_plan("web")
+    assert current is not None and current.weights == {"d1": 1.0}
+    await store.put_plan(WeightPlan(vip="web", weights={"d2": 1.0}, version=6))
+    await store.put_plan(WeightPlan(vip="web", weights={"d1": 1.0}))  # version 0: a hand-made plan, not fenced
+    assert [p.version for p in await store.plan_history("web", limit=10)] == [5, 6, 0]
+
+
+async def test_an_unreachable_redis_is_a_store_unavailable_error() -> None:
+    store = RedisLatencyStore.from_url(f"redis://127.0.0.1:{free_port()}/0", namespace=_namespace())
+    try:
+        with pytest.raises(StoreUnavailableError):
+            await store.list_vips()
+        with pytest.raises(StoreUnavailableError):
+            await store.put_plan(WeightPlan(vip="web", weights={"d1": 1.0}, version=1))
+        assert await store.ping() is False
+    finally:
+        await store.close()
 
 
 async def test_curves_state_remeasure_and_snapshot(store: LatencyStore) -> None:
