@@ -335,6 +335,20 @@ class ChangeDetector:
                                  f"rescaled by k={k:.3f}")
                 track.reset()
                 continue
+            if self._beyond_its_curve(view, curve, w_max) and dip not in overload_only:
+                # ours: carrying more than the curve says it can, without a drop, is a capacity gain the
+                # deviation cannot measure (the curve is infinite there); seen after a capacity inversion
+                track.pending += 1
+                if track.pending >= s.change_confirmations:
+                    capacity[dip] = min(K_EVENT_MAX, view.weight / w_max)
+                    if s.remeasure_on_gain:
+                        remeasure.add(dip)
+                    notes.append(f"capacity change on {dip}: serves weight {view.weight:.4f} without a drop, beyond "
+                                 f"its curve's limit (w_max {w_max:.4f}); curve rescaled by "
+                                 f"k={capacity[dip]:.3f}" + (", then back to measurement" if s.remeasure_on_gain
+                                                             else ""))
+                    track.reset()
+                continue
             if dip not in deviation or dip in overload_only:
                 continue
             if not pooled:  # else already recorded by the traffic judgement above
@@ -374,6 +388,12 @@ class ChangeDetector:
                 track.reset()
         return Verdict(capacity=capacity, observed=observed_points, notes=tuple(notes),
                        remeasure=frozenset(remeasure))
+
+    def _beyond_its_curve(self, view: RoundView, curve: LatencyCurve, w_max: float) -> bool:
+        """A round at a weight past both ``w_max`` and the curve's asymptote, answered without a drop."""
+        return (w_max > 0 and view.weight > w_max * (1 + 1e-6) and not math.isfinite(curve.latency(view.weight))
+                and view.timeout_share <= self.settings.drop_failure_share and math.isfinite(view.latency)
+                and view.latency < view.drop_latency)
 
     def _overloaded(self, view: RoundView, curve: LatencyCurve) -> bool:
         """Ours: a round at a drop-level latency (section 4.3) that is also ``OVERLOAD_RATIO`` times
