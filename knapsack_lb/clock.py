@@ -8,6 +8,7 @@ and the simulator drives a ``SimClock`` from its event loop. Everything else tak
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
@@ -75,3 +76,9 @@ class SimClock:
 
     async def sleep(self, seconds: float) -> None:
         raise RuntimeError("SimClock cannot sleep: schedule a simulator timeout instead")
+
+
+async def wait_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
+    """Wait ``seconds`` of real time, or less when ``stop`` is set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)

@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from knapsack_lb.clock import Clock, SystemClock
+from knapsack_lb.clock import Clock, SystemClock, wait_unless_stopped
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.model import Measurement, VipConfig
 from knapsack_lb.names import validate_name
@@ -377,7 +377,7 @@ class ProbeWorker:
                 await self.publish_status()
             except Exception as error:
                 self._store_failed("refresh", error)
-            await self._wait(stop, self.refresh_interval)
+            await wait_unless_stopped(stop, self.refresh_interval)
 
     async def _round_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -390,7 +390,7 @@ class ProbeWorker:
                     state.next_round = math.floor(now / interval) * interval + interval
                     state.running = asyncio.ensure_future(self._guarded_round(name))
             due = min((s.next_round for s in self._vips.values()), default=now + 0.05)
-            await self._wait(stop, min(max(due - self.clock.now(), 0.001), 0.05))
+            await wait_unless_stopped(stop, min(max(due - self.clock.now(), 0.001), 0.05))
         running = [s.running for s in self._vips.values() if s.running is not None and not s.running.done()]
         if running:
             await asyncio.wait(running, timeout=max(s.config.probe.interval for s in self._vips.values()))
@@ -418,12 +418,8 @@ class ProbeWorker:
                 log.warning("stopping with unwritten rounds", extra={"worker": self.options.worker_id,
                                                                      "rounds": len(self.buffer)})
                 return
-            await self._wait(stop, backoff)
+            await wait_unless_stopped(stop, backoff)
             backoff = min(backoff * 2, self.options.backoff_max)
-
-    async def _wait(self, stop: asyncio.Event, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=seconds)
 
     async def run(self, stop: asyncio.Event | None = None, duration: float | None = None) -> WorkerStats:
         """Probe until ``stop`` is set (or ``duration`` seconds passed); returns the counters."""

@@ -53,12 +53,6 @@ def _merge(points: Sequence[tuple[float, float]]) -> tuple[FloatArray, FloatArra
     return ws, ls
 
 
-def _model_name(model: str) -> str:
-    if model != "auto":
-        curve_model(model, "curve_model")
-    return model
-
-
 def leave_one_out_error(
     model: str, ws: FloatArray, ls: FloatArray, upper: float, drop: DropPoint | None
 ) -> float | None:
@@ -93,7 +87,8 @@ def fit_curve(
     above the fitted range bounds the queueing model's capacity and, with ``drop_latency``
     (the drop threshold, e.g. 5x l_0), adds the piecewise model's last point.
     """
-    _model_name(model)
+    if model != "auto":
+        curve_model(model, "curve_model")  # refuses an unknown kind by name before any fitting
     ws, ls = _merge(points)
     if len(ws) < 2:
         raise InvalidInputError("points", list(points), "need drop-free latencies at two or more weights")

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.base import Adapter
-from knapsack_lb.clock import Clock, SystemClock
+from knapsack_lb.clock import Clock, SystemClock, wait_unless_stopped
 from knapsack_lb.config import KlbConfig, process_id
 from knapsack_lb.controller.core import SolverFn, VipController
 from knapsack_lb.controller.settings import ControllerSettings
@@ -229,8 +229,7 @@ class ControllerService:
 
     async def _sleep(self, stop: asyncio.Event, seconds: float) -> None:
         if isinstance(self.clock, SystemClock):
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=seconds)
+            await wait_unless_stopped(stop, seconds)
         else:
             await self.clock.sleep(seconds)
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import uvicorn
 
+from knapsack_lb.clock import wait_unless_stopped
 from knapsack_lb.config import KlbConfig, RedisSettings, require_safe_listen
 from knapsack_lb.errors import KnapsackLBError, short_repr
 from knapsack_lb.store import LatencyStore
@@ -198,7 +199,7 @@ class ServiceRunner:
                 seeded = await seed_vips(store, self.config)
             except (KnapsackLBError, OSError, ConnectionError) as exc:
                 log.warning("cannot seed the VIPs yet; retrying", extra={"error": short_repr(str(exc)), "in": delay})
-                await self._pause(delay)
+                await wait_unless_stopped(self.stop, delay)
                 delay = min(2 * delay, RESTART_MAX)
                 continue
             log.info("VIPs seeded from the configuration file", extra={"seeded": seeded})
@@ -223,9 +224,6 @@ class ServiceRunner:
             self.restarts[component.name] = self.restarts.get(component.name, 0) + 1
             if loop.time() - started >= RESTART_RESET:
                 delay = RESTART_INITIAL
-            await self._pause(delay)
+            await wait_unless_stopped(self.stop, delay)
             delay = min(2 * delay, RESTART_MAX)
 
-    async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stop.wait(), timeout=seconds)
