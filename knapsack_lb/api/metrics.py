@@ -17,6 +17,11 @@ Metrics (labels ``vip`` and, where it applies, ``dip``):
 * ``klb_apply_failures_total`` - failed pushes to the LB, as the controller counts them
 * ``klb_vip_paused``, ``klb_vip_dry_run`` - operator overrides (0/1)
 * ``klb_store_up`` - 1 when the store answered
+* ``klb_component_up`` - 1 per controller and probe worker whose status has not expired
+  (labels ``component``, ``id``); a process that cannot reach the store stops reporting
+* ``klb_controller_vips`` - VIPs a controller holds; ``klb_controller_step_failures_total`` -
+  steps that failed after reading their inputs (a plan stored but not applied counts here)
+* ``klb_probe_rounds_buffered`` - rounds a probe worker holds while the store is unreachable
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from knapsack_lb.store import LatencyStore, VipSnapshot
+from knapsack_lb.store import CONTROLLER_STATUS, PROBE_STATUS, LatencyStore, VipSnapshot
 
 APPLY_FAILURE_KEYS = ("apply_failures", "apply_failures_total")
 
@@ -43,6 +48,8 @@ class MetricsSnapshot:
     store_up: bool
     now: float
     vips: Mapping[str, VipSnapshot] = field(default_factory=dict)
+    controllers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    probes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def _number(value: object) -> float | None:
@@ -67,9 +74,11 @@ async def gather(store: LatencyStore, now: float) -> MetricsSnapshot:
     try:
         names = await store.list_vips()
         vips = {name: await store.snapshot(name) for name in names}
+        controllers = await store.statuses(CONTROLLER_STATUS)
+        probes = await store.statuses(PROBE_STATUS)
     except Exception:  # a scrape reports the outage instead of failing
         return MetricsSnapshot(store_up=False, now=now)
-    return MetricsSnapshot(store_up=True, now=now, vips=vips)
+    return MetricsSnapshot(store_up=True, now=now, vips=vips, controllers=controllers, probes=probes)
 
 
 class StoreCollector(Collector):
@@ -139,6 +148,33 @@ class StoreCollector(Collector):
                 failures.add_metric([vip], count)
         yield from g.values()
         yield failures
+        yield from self._components()
+
+    def _components(self) -> Iterator[Metric]:
+        snap = self.snapshot
+        up = GaugeMetricFamily("klb_component_up", "1 per controller or probe worker reporting its status.",
+                               labels=["component", "id"])
+        vips = GaugeMetricFamily("klb_controller_vips", "VIPs the controller holds.", labels=["controller"])
+        steps = CounterMetricFamily("klb_controller_step_failures",
+                                    "Controller steps that failed, a plan stored but not applied included.",
+                                    labels=["controller"])
+        buffered = GaugeMetricFamily("klb_probe_rounds_buffered",
+                                     "Probe rounds a worker holds until the store answers again.", labels=["worker"])
+        for component, statuses in ((CONTROLLER_STATUS, snap.controllers), (PROBE_STATUS, snap.probes)):
+            for ident in sorted(statuses):
+                up.add_metric([component, ident], 1.0)
+        for ident, status in sorted(snap.controllers.items()):
+            held = status.get("vips")
+            if isinstance(held, list):
+                vips.add_metric([ident], float(len(held)))
+            failed = _number(status.get("step_failures"))
+            if failed is not None:
+                steps.add_metric([ident], failed)
+        for ident, status in sorted(snap.probes.items()):
+            count = _number(status.get("rounds_buffered"))
+            if count is not None:
+                buffered.add_metric([ident], count)
+        yield from (up, vips, steps, buffered)
 
 
 def render(snapshot: MetricsSnapshot) -> bytes:

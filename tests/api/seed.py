@@ -66,5 +66,5 @@ async def seed_store(store: LatencyStore, now: float, rounds: int = 6) -> None:
             )
         await store.put_measurements(batch)
     await store.put_controller_state(VIP, {"phase": "steady", "apply_failures": 2, "drain_time": 0.5})
-    await store.put_status("controller", "ctl-1", {"vips": [VIP], "steps": 12}, ttl=60.0)
-    await store.put_status("probe", "probe-1", {"dips": 3, "buffered": 0}, ttl=60.0)
+    await store.put_status("controller", "ctl-1", {"vips": [VIP], "rounds": 12, "step_failures": 1}, ttl=60.0)
+    await store.put_status("probe", "probe-1", {"owned_dips": 3, "rounds_buffered": 4}, ttl=60.0)

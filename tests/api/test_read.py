@@ -132,7 +132,7 @@ async def test_controller_state_and_status(client: httpx.AsyncClient, seeded: La
     assert state["state"]["phase"] == "steady"
     assert state["remeasure_pending"] is False
     status = (await client.get("/api/v1/status")).json()
-    assert "ctl-1" in status["controllers"] and status["controllers"]["ctl-1"]["steps"] == 12
+    assert "ctl-1" in status["controllers"] and status["controllers"]["ctl-1"]["rounds"] == 12
     assert "probe-1" in status["probes"]
     assert status["vips"] == [VIP]
 
@@ -172,4 +172,9 @@ async def test_metrics_built_from_the_store(client: httpx.AsyncClient) -> None:
     assert 0 <= value("klb_plan_age_seconds", vip=VIP) < 60
     assert value("klb_apply_failures_total", vip=VIP) == 2
     assert value("klb_vip_paused", vip=VIP) == 0
+    assert value("klb_component_up", component="controller", id="ctl-1") == 1
+    assert value("klb_component_up", component="probe", id="probe-1") == 1
+    assert value("klb_controller_vips", controller="ctl-1") == 1
+    assert value("klb_controller_step_failures_total", controller="ctl-1") == 1
+    assert value("klb_probe_rounds_buffered", worker="probe-1") == 4
     assert not any(math.isnan(v) for v in samples.values())

@@ -208,6 +208,27 @@ async def test_failed_pushes_are_counted_in_the_stored_state(store: RedisLatency
     assert state is not None and apply_failures(state) == failed
 
 
+async def test_a_step_that_fails_after_its_plan_is_stored_is_counted_in_status_and_metrics(
+        store: RedisLatencyStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    from knapsack_lb.api.metrics import gather, render
+
+    world = await _world(store)
+    service = world.service("ctl-a")
+
+    async def refuse(vip: str, state: Any) -> None:
+        raise ValueError("state refused by the store")
+
+    monkeypatch.setattr(store, "put_controller_state", refuse)
+    for _ in range(3):
+        await world.probe_round()
+        outcome = (await service.tick())[0]
+        assert outcome.error is not None and "state refused" in outcome.error
+    assert await store.current_plan("web") is not None  # stored, then the step failed
+    status = (await store.statuses("controller"))["ctl-a"]
+    assert status["step_failures"] == 3 and status["errors"]["web"].startswith("ValueError")
+    text = render(await gather(store, world.clock.now())).decode()
+    assert 'klb_controller_step_failures_total{controller="ctl-a"} 3.0' in text
+
 async def test_a_refused_apply_keeps_the_confirmed_weights_in_a_real_haproxy(
         store: RedisLatencyStore, tmp_path: Path) -> None:
     """The live environment of the one loop: Redis as source and state, a real HAProxy as sink.
