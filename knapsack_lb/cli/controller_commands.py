@@ -1,4 +1,4 @@
-"""`klb controller` (the controller service) and `klb bench controller` (issue #4)."""
+"""`klb controller` (the controller service) and `klb bench controller`."""
 
 from __future__ import annotations
 
@@ -43,12 +43,12 @@ def controller_command(
         raise typer.Exit(run_services(config, probes=False, controller=True, api=False, controller_id=controller_id))
     if redis is None:
         raise _fail(ValueError("give --config FILE or --redis URL"))
-    from knapsack_lb.controller.settings import ControllerSettings
+    from knapsack_lb.controller.settings import ControllerSettings, LoopSettings
     from knapsack_lb.service.controller import run_controller_service
     from knapsack_lb.store.redis import RedisLatencyStore
 
     try:
-        settings = ControllerSettings() if interval is None else ControllerSettings(interval=interval)
+        settings = ControllerSettings(loop=LoopSettings() if interval is None else LoopSettings(interval=interval))
         store = RedisLatencyStore.from_url(redis, namespace=namespace)
     except (KnapsackLBError, ValueError) as exc:
         raise _fail(exc) from None
@@ -85,7 +85,7 @@ def bench_controller_command(
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:.0f} s virtual"),
                       TimeElapsedColumn(), console=Console(stderr=True), transient=True) as progress:
-            task = progress.add_task(f"controller {scenario}", total=expected_rounds(scenario) * settings.interval)
+            task = progress.add_task(f"controller {scenario}", total=expected_rounds(scenario) * settings.loop.interval)
             result = run_scenario(scenario, seed=seed, settings=settings,
                                   on_tick=lambda now: progress.update(task, completed=now))
     except KnapsackLBError as exc:

@@ -1,4 +1,4 @@
-"""`klb demo` (issue #6, the project's main job): KnapsackLB against HAProxy on a live loopback testbed.
+"""`klb demo` (the project's main job): KnapsackLB against HAProxy on a live loopback testbed.
 
 See knapsack_lb/lab/demo/ and docs/demo.md. ``make demo`` runs ``klb demo $(ARGS)``.
 """

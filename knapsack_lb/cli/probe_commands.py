@@ -1,4 +1,4 @@
-"""`klb probe` (run a probe worker, the paper's KLM) and `klb bench probes` (issue #3).
+"""`klb probe` (run a probe worker, the paper's KLM) and `klb bench probes`.
 
 ``klb probe --redis URL --worker-id ID [--vip NAME ...]`` reads the VIP configurations
 from the latency store and probes the DIPs it leases until interrupted (or ``--duration``

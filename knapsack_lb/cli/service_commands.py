@@ -1,4 +1,4 @@
-"""`klb run`, `klb api`, `klb check` and `klb config-reference` (issue #6: the services).
+"""`klb run`, `klb api`, `klb check` and `klb config-reference`.
 
 ``run`` starts probes, controller and admin API in one process; ``api`` only the API;
 ``check`` validates a configuration and the reachability of Redis, every DIP's probe URL

@@ -1,4 +1,4 @@
-"""`klb sim ...` (run, compare, reproduce, policies, scenarios) and `klb bench sim` (issue 7)."""
+"""`klb sim ...` (run, compare, reproduce, policies, scenarios) and `klb bench sim`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`klb solve` and `klb bench solver` (issue #2): weights from curves, and the solver benchmark."""
+"""`klb solve` and `klb bench solver`: weights from curves, and the solver benchmark."""
 
 from __future__ import annotations
 

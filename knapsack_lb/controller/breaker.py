@@ -11,7 +11,7 @@ least ``min_requests`` requests,
   at its weight for ``latency_rounds`` rounds in a row, while the pool's median of the same
   ratio stayed below half of that (the whole pool being slow is a traffic change, not a bad
   DIP; one DIP slower than its curve is first a capacity change, which the controller
-  rescales within ``change_confirmations`` rounds - the breaker only acts if that did not help).
+  rescales within ``dynamics.change_confirmations`` rounds - the breaker only acts if that did not help).
 
 Fast failures are not fast service: latency is judged on successful requests only, and a
 DIP that answers quickly with errors is judged by its error share (ELS measures failure

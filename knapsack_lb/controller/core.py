@@ -11,11 +11,11 @@ One step:
 
 1. Sync the DIP set with the VIP config (new DIPs start measuring; a whole new pool starts
    at the equal share, a DIP added to a live pool at weight 0).
-2. Keep only *trusted* rounds: newer than the last one used and taken at least ``drain_time``
+2. Keep only *trusted* rounds: newer than the last one used and taken at least ``drain.time``
    after the plan they measure was applied (section 4.7). The drain time itself is measured
-   the paper's way every ``drain_measure_period``: a DIP that carried traffic is cut to 0 (its
+   the paper's way every ``drain.measure_period``: a DIP that carried traffic is cut to 0 (its
    weight-0 measurement) and followed until its latency settles; ``t2 - t1`` is the drain time.
-3. Failures (section 4.5): no successful probe for ``failure_rounds`` rounds removes the DIP;
+3. Failures (section 4.5): no successful probe for ``dynamics.failure_rounds`` rounds removes the DIP;
    a successful probe brings it back (slow start if its curve is kept).
 4. The relative circuit breaker (ELS blog) ejects DIPs much worse than the pool.
 5. Measuring DIPs advance Algorithm 1 (section 4.3) when their round was taken at the
@@ -62,8 +62,8 @@ from knapsack_lb.store import CurveRecord
 
 PLAN_CHANGE_EPSILON = 1e-4
 # Ours (overload_watch): during measurement rounds the pool is still judged for a traffic change when at
-# least this share of the DIPs is finished and observed; a refresh of one DIP no longer hides +10 % traffic
-# for the minute it takes (dynamics: 11-14 intervals to react on 5 of 20 seeds, 2-4 with it).
+# least this share of the DIPs is finished and observed, so a refresh of one DIP does not hide a traffic
+# change for the minute it takes.
 POOL_WHILE_MEASURING = 0.8
 
 
@@ -98,7 +98,7 @@ SolverFn = Callable[[SolveRequest], SolveResult]
 
 
 def default_solver(request: SolveRequest) -> SolveResult:
-    """Calls :func:`knapsack_lb.solver.solve` (issue 2's API)."""
+    """Calls :func:`knapsack_lb.solver.solve` (the solver's API)."""
     from knapsack_lb.solver import DipInput, solve
 
     inputs = [DipInput(name, curve, w_max, min_weight=low, pin=pin) for name, curve, w_max, low, pin in request.dips]
@@ -133,13 +133,13 @@ class VipController:
         self.applied_at: float = -math.inf  # when the LB confirmed a change of the split (the drain clock)
         self.scheduled: dict[str, float] = {}
         self.version = 0
-        self.drain_time = self.settings.drain_time
+        self.drain_time = self.settings.drain.time
         self.drain_measured_at: float | None = None
         self._drain: DrainProbe | None = None
         self.rounds = 0
         self.measurement_rounds = 0
         self.detector = ChangeDetector(self.settings)
-        self.breaker = RelativeCircuitBreaker(self.settings.circuit_breaker)
+        self.breaker = RelativeCircuitBreaker(self.settings.breaker)
         self.events_log: list[tuple[float, str]] = []
         self._pending_reasons: list[str] = []
         self._curves_changed = True
@@ -240,7 +240,7 @@ class VipController:
         ctl.version, ctl.drain_time, ctl.drain_measured_at = state.version, state.drain_time, state.drain_measured_at
         ctl._drain, ctl.rounds, ctl.measurement_rounds = state.drain_probe, state.rounds, state.measurement_rounds
         ctl.detector = ChangeDetector(ctl.settings, state.detector)
-        ctl.breaker = RelativeCircuitBreaker(ctl.settings.circuit_breaker, state.breaker)
+        ctl.breaker = RelativeCircuitBreaker(ctl.settings.breaker, state.breaker)
         return ctl
 
     # --- 1. DIP set -------------------------------------------------------------------------
@@ -266,7 +266,7 @@ class VipController:
 
     # --- 2. drain time (section 4.7) -------------------------------------------------------------
     def _drain_due(self, now: float) -> bool:
-        period = self.settings.drain_measure_period
+        period = self.settings.drain.measure_period
         return period > 0 and self._drain is None and (
             self.drain_measured_at is None or now - self.drain_measured_at >= period)
 
@@ -310,7 +310,7 @@ class VipController:
                 continue
             if m.time < self.applied_at + self.drain_time - 1e-9:
                 continue
-            if now - m.time > self.settings.measurement_max_age:
+            if now - m.time > self.settings.loop.measurement_max_age:
                 continue
             if not self._stamp_agrees(name, m):
                 continue  # the prober saw another split than the LB confirmed (stale, or changed behind us)
@@ -324,7 +324,7 @@ class VipController:
         if name not in self.in_force:
             return True
         confirmed = self.in_force[name]
-        return abs(m.weight - confirmed) <= max(1e-3, self.settings.trust_tolerance * confirmed)
+        return abs(m.weight - confirmed) <= max(1e-3, self.settings.measurement.trust_tolerance * confirmed)
 
     def _weight_of(self, name: str, m: Measurement) -> float:
         """The weight a trusted round was taken at: what the LB confirmed it carries."""
@@ -394,7 +394,7 @@ class VipController:
                 continue
             if m.successes == 0:
                 dip.fail_rounds += 1
-                if not dip.failed and dip.fail_rounds >= self.settings.failure_rounds:
+                if not dip.failed and dip.fail_rounds >= self.settings.dynamics.failure_rounds:
                     dip.failed = True
                     self.scheduled.pop(name, None)
                     self.detector.reset(name)
@@ -438,7 +438,7 @@ class VipController:
     def _advance_measurements(self, now: float, trusted: Mapping[str, Measurement]) -> list[str]:
         reasons = []
         equal = self._equal_share()
-        tol = self.settings.trust_tolerance
+        tol = self.settings.measurement.trust_tolerance
         for name, m in trusted.items():
             dip = self.dips[name]
             if dip.measuring is None or dip.failed or (m.successes == 0 and m.weight <= 0):
@@ -466,14 +466,14 @@ class VipController:
             clean.insert(0, (0.0, m.l0))  # a refresh starts at the current weight; l_0 is still known
         drops = [(w, latency) for w, latency, dropped in m.points if dropped]
         w_max = m.w_max
-        if m.refresh and not drops and self.settings.refresh_needs_room and dip.ready:
+        if m.refresh and not drops and self.settings.refresh.needs_room and dip.ready:
             # It stopped before it found a limit: beyond its last weight the old curve still stands.
             top = max((w for w, _ in clean), default=0.0)
             clean += [(w, latency) for w, latency in dip.points if w > top * 1.05]
             drops = [(w, latency) for w, latency in dip.drop_points if w > top * 1.05]
             w_max = max(w_max, dip.w_max)
-        dip.points = clean[-self.settings.max_fit_points:]
-        dip.drop_points = drops[-self.settings.max_fit_points:]
+        dip.points = clean[-self.settings.fitting.max_points:]
+        dip.drop_points = drops[-self.settings.fitting.max_points:]
         dip.measuring = None
         dip.iterations = m.iterations
         self.detector.reset(dip.name)
@@ -484,9 +484,9 @@ class VipController:
         return [f"curve: {dip.name} measured in {m.iterations} iterations, w_max={w_max:.4f}; {reason}"]
 
     def _fit(self, dip: DipState, now: float, *, w_max: float) -> str:
-        drop_latency = self.settings.drop_latency_factor * dip.l0 if dip.l0 else None
-        result = fit_curve(dip.points, model=self.settings.curve_model, w_max=w_max, drop_points=dip.drop_points,
-                           drop_latency=drop_latency)
+        drop_latency = self.settings.measurement.drop_latency_factor * dip.l0 if dip.l0 else None
+        result = fit_curve(dip.points, model=self.settings.fitting.curve_model, w_max=w_max,
+                           drop_points=dip.drop_points, drop_latency=drop_latency)
         dip.curve = result.curve.to_dict()
         dip.model = result.model
         dip.fit_error = result.error
@@ -513,20 +513,22 @@ class VipController:
             if not dip.ready or dip.measuring is not None or dip.failed or self.breaker.is_ejected(name):
                 continue
             if not steady and dip.returned_at is None:
-                if not self.settings.overload_watch:
+                if not self.settings.dynamics.overload_watch:
                     continue
                 overload_only.add(name)  # ours: an overloaded DIP is not left so while others measure
             if m.successes == 0 or m.latency_mean is None:
                 continue
             weight = self._weight_of(name, m)
-            drop = self.settings.drop_latency_factor * dip.l0 if dip.l0 and self.settings.overload_watch else math.inf
+            watch = self.settings.dynamics.overload_watch
+            drop = self.settings.measurement.drop_latency_factor * dip.l0 if dip.l0 and watch else math.inf
             rounds[name] = RoundView(weight, m.latency_mean, m.timeouts / m.sent if m.sent else 1.0,
                                      round_noise(m.latency_mean, m.latency_p50, m.latency_p90, m.successes), drop)
             curves[name] = (dip.curve_obj(), dip.w_max)
         if not rounds:
             return []
         # ours: while a few DIPs measure, the rest still show a traffic change (the paper waits for the steady state)
-        pool = steady or (self.settings.overload_watch and len(overload_only) >= POOL_WHILE_MEASURING * len(self.dips))
+        pool = steady or (self.settings.dynamics.overload_watch
+                          and len(overload_only) >= POOL_WHILE_MEASURING * len(self.dips))
         verdict = self.detector.observe(rounds, curves, pool=pool, overload_only=frozenset(overload_only))
         if verdict.traffic_factor is not None:
             for dip in self.dips.values():
@@ -540,7 +542,7 @@ class VipController:
                 self._start_refresh(dip, now)
                 continue
             self._rescale(dip, k)
-            if name in verdict.observed and self.settings.learn_operating_points:
+            if name in verdict.observed and self.settings.dynamics.learn_operating_points:
                 self._learn_point(dip, *verdict.observed[name], now=now)
         return list(verdict.notes)
 
@@ -548,7 +550,7 @@ class VipController:
         """Ours: keep the averaged observation at the operating point and refit, so a curve whose
         *shape* is wrong there (not its scale) is corrected too; nearby old points are replaced."""
         dip.points = [(w, lat) for w, lat in dip.points if w <= 0 or abs(w - weight) > 0.05 * weight]
-        dip.points = [*dip.points, (weight, latency)][-self.settings.max_fit_points:]
+        dip.points = [*dip.points, (weight, latency)][-self.settings.fitting.max_points:]
         if len({round(w, 12) for w, _ in dip.points}) >= 2:
             self._fit(dip, now, w_max=max(dip.w_max, weight))
 
@@ -572,26 +574,26 @@ class VipController:
         under = [d.name for d in self.dips.values() if d.measuring is not None and d.measuring.refresh]
         due = refresh_candidates(
             {n: d.fitted_at for n, d in ready.items()}, {n: d.w_max for n, d in self.dips.items() if d.ready},
-            under, now=now, period=self.settings.refresh_period, budget=self.settings.refresh_budget,
+            under, now=now, period=self.settings.refresh.period, budget=self.settings.refresh.budget,
         )
         for name in due:
             self._start_refresh(self.dips[name], now)
-            reasons.append(f"refresh: {name}'s curve is older than {self.settings.refresh_period:.0f}s")
+            reasons.append(f"refresh: {name}'s curve is older than {self.settings.refresh.period:.0f}s")
         return reasons
 
     def _start_refresh(self, dip: DipState, now: float) -> None:
         """Re-measure with Algorithm 1 from the current weight (at most ``w_max``), l_0 known; the old
-        ``w_max`` - or the knee of the current curve when lower (``refresh_needs_room``) - is the
+        ``w_max`` - or the knee of the current curve when lower (``refresh.needs_room``) - is the
         threshold beyond which the run is cautious."""
         current = self._carried().get(dip.name, 0.0)
         if dip.w_max > 0:
             current = min(current, dip.w_max)  # after a capacity cut: not at the weight that overloaded it
         m = DipMeasurement(dip.name, enqueued_at=now, refresh=True, l0=dip.l0, pending_zero=dip.l0 is None,
                            pending_equal=False, w_cur=current)
-        m.target = max(current, self.settings.safety.min_weight, 1e-4) if dip.l0 is not None else None
+        m.target = max(current, self.settings.rails.min_weight, 1e-4) if dip.l0 is not None else None
         m.threshold = dip.w_max if dip.w_max > 0 else None  # ssthresh: cautious steps beyond the old w_max
-        if m.threshold is not None and self.settings.refresh_needs_room and dip.curve is not None:
-            knee = knee_weight(dip.curve_obj(), self.settings.refresh_knee_elasticity, dip.w_max)
+        if m.threshold is not None and self.settings.refresh.needs_room and dip.curve is not None:
+            knee = knee_weight(dip.curve_obj(), self.settings.refresh.knee_elasticity, dip.w_max)
             if knee is not None:
                 m.threshold = min(m.threshold, knee)  # beyond the curve's knee only with evidence of room
         dip.measuring = m
@@ -653,7 +655,7 @@ class VipController:
         if not self.scheduled:
             return False
         waiting = [n for n in self.scheduled if n in self.dips and not self.dips[n].failed]
-        timeout = self.drain_time + 3 * self.settings.interval
+        timeout = self.drain_time + 3 * self.settings.loop.interval
         return bool(waiting) and now - self.applied_at < timeout
 
     def _measurement_round(
@@ -686,15 +688,15 @@ class VipController:
         budget = 1.0 - sum(pinned.values()) if pinned else 1.0
         finished = [n for n in movable if self.dips[n].ready and self.dips[n].measuring is None]
         others = [n for n in movable if n not in finished and n not in measuring]
-        max_zero = max(1, math.floor(self.settings.zero_batch_share * len(live)))
+        max_zero = max(1, math.floor(self.settings.measurement.zero_batch_share * len(live)))
         solve_remainder = None
         if finished:
             def solve_remainder(dips: Sequence[str], total: float) -> Mapping[str, float]:
-                objective = self.settings.solver_objective
+                objective = self.settings.solver.objective
                 first = self._solve(list(dips), total, {}, objective).weights
                 return self._hold_ramps(list(dips), total, {}, objective, first, self._ramp_caps(now, first, dips))
         capacity = {n: self._capacity_estimate(n, equal) for n in movable}
-        by_capacity = self.settings.measurement_remainder == "capacity"
+        by_capacity = self.settings.measurement.remainder == "capacity"
         schedule = schedule_round(requests, finished, others, solve_remainder, max_zero=max_zero,
                                   capacity=capacity if by_capacity else None, fallback_capacity=capacity,
                                   budget=budget)
@@ -712,7 +714,7 @@ class VipController:
 
     def _ramp_caps(self, now: float, solved: Mapping[str, float], live: Sequence[str]) -> dict[str, float]:
         """Slow start: a returning DIP's cap rises linearly from ``min_weight`` to its solved weight."""
-        s = self.settings.safety
+        s = self.settings.rails
         ramp: dict[str, float] = {}
         if s.slow_start > 0:
             for name in live:
@@ -727,11 +729,9 @@ class VipController:
                     solved: Mapping[str, float], ramp: Mapping[str, float]) -> dict[str, float]:
         """Slow start through the solver: a returning DIP whose ``solved`` share exceeds its ``ramp``
         cap (:meth:`_ramp_caps` of that solution) is pinned at the cap and the solver places the rest,
-        so every other DIP stays within its curve's cap (``w_max``). Handing the excess out in
-        proportion to the weights instead (as
-        :meth:`_slow_start_measurement` must when no solver is at hand, and as the rails'
-        projection did) once put an 8-vCPU DIP at 112 % of its ``w_max`` when two large DIPs
-        came back at once (``dynamics`` seed 2). Raises what the solver raises."""
+        so every other DIP stays within its curve's cap (``w_max``); handing the excess out in
+        proportion to the weights instead (as :meth:`_slow_start_measurement` must when no solver
+        is at hand) can push a large DIP past its ``w_max``. Raises what the solver raises."""
         over = {n: cap for n, cap in ramp.items() if solved.get(n, 0.0) > cap and n not in pins}
         if not over:
             return dict(solved)
@@ -773,11 +773,11 @@ class VipController:
         for name in names:
             dip = self.dips[name]
             curve = dip.curve_obj()
-            cap = dip.w_max * (1 - s.safety.overload_headroom)
+            cap = dip.w_max * (1 - s.rails.overload_headroom)
             cap = min(cap, curve.upper_bound * (1 - 1e-3))  # infinite from there on: stay below it
             entries.append((name, curve, cap, 0.0, pins.get(name)))
-        request = SolveRequest(tuple(entries), total, objective, s.solver_method, s.solver_levels, s.solver_units,
-                               s.solver_time_limit)
+        request = SolveRequest(tuple(entries), total, objective, s.solver.method, s.solver.levels, s.solver.units,
+                               s.solver.time_limit)
         return self.solver(request)
 
     def _solve_plan(
@@ -787,12 +787,12 @@ class VipController:
         s = self.settings
         ready = [n for n in live if self.dips[n].ready]
         starved = [n for n in live if not self.dips[n].ready]  # dropped at every weight tried
-        objective = config.objective if config is not None else s.solver_objective
+        objective = config.objective if config is not None else s.solver.objective
         flags: list[PlanFlag] = []
         fixed: dict[str, float] = {n: 0.0 for n in self.dips if n not in live}
         fixed.update({n: w for n, w in pins.items() if n in self.dips})
         cap_sum = sum(
-            pins[n] if n in pins else self.dips[n].w_max * (1 - s.safety.overload_headroom) for n in ready
+            pins[n] if n in pins else self.dips[n].w_max * (1 - s.rails.overload_headroom) for n in ready
         )
         free_total = 1.0 - sum(w for n, w in pins.items() if n in self.dips and n not in ready)
         method = ""
@@ -820,7 +820,7 @@ class VipController:
                 solved, predicted, objective_value = result.weights, result.predicted_latency, result.objective
                 method, seconds = result.method, result.seconds
             except (KnapsackLBError, ValueError, ArithmeticError) as exc:
-                if self.plan is None or not s.safety.keep_last_plan_on_error:
+                if self.plan is None or not s.rails.keep_last_plan_on_error:
                     solved = capacity_proportional({n: self.dips[n].w_max for n in ready})
                     method = PlanMethod.CAPACITY_PROPORTIONAL
                 else:
@@ -858,12 +858,12 @@ class VipController:
         if ramp:
             flags.append(PlanFlag.SLOW_START)
             if (not reasons and not self._curves_changed and self.plan is not None
-                    and now < self.applied_at + self.drain_time + s.interval - 1e-9):
+                    and now < self.applied_at + self.drain_time + s.loop.interval - 1e-9):
                 return None  # ours: the ramp steps once its last step was observed (rounds are stale until then)
         previous = None if self.plan is None or PlanFlag.MEASURING in self.plan.flags else self._carried()
         weights = apply_rails(
-            solved, previous=previous, healthy=healthy, min_weight=s.safety.min_weight,
-            max_change=s.safety.max_weight_change, ramp_caps=ramp, fixed=fixed,
+            solved, previous=previous, healthy=healthy, min_weight=s.rails.min_weight,
+            max_change=s.rails.max_weight_change, ramp_caps=ramp, fixed=fixed,
         )
         if reasons or self._curves_changed or self.plan is None:
             models = sorted({self.dips[n].model for n in ready})

@@ -9,35 +9,33 @@ paper's example: 5 ms at 0.5, now 7 ms at 0.5, the old curve reached 7 ms at 0.6
 ``w * Lambda``, so ``k = Lambda_old / Lambda_new``).
 
 * Traffic change: most DIPs' latency moved the same way at unchanged weights. We call it when
-  the median relative change over the judged DIPs exceeds ``traffic_change_threshold`` and
-  at least ``traffic_change_quorum`` of them moved the same way, for
-  ``change_confirmations`` rounds; every curve is then shifted by the *median* ``k`` (traffic
+  the median relative change over the judged DIPs exceeds ``dynamics.traffic_change_threshold`` and
+  at least ``dynamics.traffic_change_quorum`` of them moved the same way, for
+  ``dynamics.change_confirmations`` rounds; every curve is then shifted by the *median* ``k`` (traffic
   moves every DIP alike; the median is robust to the noise of one DIP).
 * Traffic shift estimate (ours): the per-DIP factors are combined by a median weighted by each
   DIP's squared elasticity ``(d ln l / d ln w)^2`` at its weight, over the mean of the
   confirming rounds: a DIP in the flat part of its curve says little about its load.
-* Traffic drift (ours, ``traffic_drift_threshold``): what a shift leaves (or a change below the
+* Traffic drift (ours, ``dynamics.traffic_drift_threshold``): what a shift leaves (or a change below the
   traffic threshold) is estimated by slope-weighted least squares over the DIPs' recent mean
   deviations, with a robust standard error, and corrected when significant.
 * Capacity change: one DIP's latency is off its curve's estimate by more than
-  ``capacity_change_threshold`` (paper: 20 %) for ``change_confirmations`` rounds, or at once
+  ``dynamics.capacity_change_threshold`` (paper: 20 %) for ``dynamics.change_confirmations`` rounds, or at once
   when its round is a drop (it is overloaded now); only that DIP's curve is rescaled. Ours:
-  below the curve's knee (elasticity under ``refresh_knee_elasticity`` at the DIP's weight)
+  below the curve's knee (elasticity under ``refresh.knee_elasticity`` at the DIP's weight)
   one noisy inverse is a guess - a wild one where the curve is flat - so a gain sends the DIP
-  back to Algorithm 1 instead (``remeasure_on_gain``; an upward guess can plan past the true
-  capacity) and a loss is cut at once and then re-measured (``remeasure_after_loss``; cuts
+  back to Algorithm 1 instead (``dynamics.remeasure_on_gain``; an upward guess can plan past the true
+  capacity) and a loss is cut at once and then re-measured (``dynamics.remeasure_after_loss``; cuts
   taken on a slow-start ramp compound). At the knee the inverse is well-conditioned and a
-  refresh's first 10 % step could overload the DIP, so the rescale stands there. Tried and
-  dropped: a threshold of elasticity 1 left DIPs with curves right at their weight but too
-  steep beyond it (dynamics seed 1: +25-37 %); re-measuring at any elasticity sent an 8-core
-  DIP at 90 % utilisation to 99.5 %.
+  refresh's first 10 % step could overload the DIP, so the rescale stands there
+  (docs/decisions/controller.md).
 * Noise (ours): a capacity change must also exceed ``NOISE_SIGMAS`` standard errors of the
   recent mean deviation, each round's error estimated from its own spread
   (:func:`round_noise`); the paper's 20 % is about 2 standard errors of a 100-request round at
   high utilisation, where the sojourn time is most variable.
 * Failures are handled by the controller (no successful probe: removed, re-solved).
-* Refresh: finished curves older than ``refresh_period`` are re-measured, at most
-  ``refresh_budget`` of the pool's estimated capacity (sum of ``w_max``) at once.
+* Refresh: finished curves older than ``refresh.period`` are re-measured, at most
+  ``refresh.budget`` of the pool's estimated capacity (sum of ``w_max``) at once.
 * Drain time (section 4.7): :func:`estimate_drain_time` is the paper's measurement - after a
   DIP's weight is cut to 0 at ``t1``, the time until its latency settles (``t2 - t1``).
 
@@ -268,7 +266,7 @@ class ChangeDetector:
             curve, _ = curves[dip]
             predicted = curve.latency(view.weight)
             if view.weight > 0 and math.isfinite(view.latency) and view.latency > 0 and math.isfinite(predicted) \
-                    and predicted > 0 and view.timeout_share <= s.drop_failure_share:
+                    and predicted > 0 and view.timeout_share <= s.measurement.drop_failure_share:
                 deviation[dip] = math.log(view.latency / predicted)
         notes: list[str] = []
         # --- traffic: most DIPs off their curves the same way --------------------------------------
@@ -277,20 +275,20 @@ class ChangeDetector:
         if pooled:
             med = statistics.median(deviation.values())
             same = sum(1 for x in deviation.values() if x * med > 0) / judged
-            if abs(med) > math.log1p(s.traffic_change_threshold) and same >= s.traffic_change_quorum:
+            if abs(med) > math.log1p(s.dynamics.traffic_change_threshold) and same >= s.dynamics.traffic_change_quorum:
                 self.state.traffic_pending += 1
             else:
                 self.state.traffic_pending = 0
             for dip, x in deviation.items():
                 self.state.tracks[dip].deviations = [*self.state.tracks[dip].deviations, x][-RECENT_ROUNDS:]
-            if self.state.traffic_pending >= s.change_confirmations:
+            if self.state.traffic_pending >= s.dynamics.change_confirmations:
                 self.state.traffic_pending = 0
                 factors, slopes = [], []
                 for dip in deviation:
                     curve, w_max = curves[dip]
                     weight = rounds[dip].weight
                     # the mean over the confirming rounds: they all saw the new traffic
-                    recent = self.state.tracks[dip].deviations[-s.change_confirmations:]
+                    recent = self.state.tracks[dip].deviations[-s.dynamics.change_confirmations:]
                     observed = curve.latency(weight) * math.exp(statistics.fmean(recent))
                     k = shift_factor(curve, weight, observed, w_max)
                     if k is not None and K_MIN < k < K_MAX:  # a clamped inverse says nothing about the size
@@ -322,7 +320,7 @@ class ChangeDetector:
             track = self.state.tracks.setdefault(dip, DipTrack())
             if dip in overload_only and view.weight > w_max * (1 + 1e-6):
                 continue  # a measurement round's remainder put it past its curve's limit: overload is no news
-            timed_out = view.timeout_share > s.drop_failure_share
+            timed_out = view.timeout_share > s.measurement.drop_failure_share
             if timed_out or self._overloaded(view, curve):
                 served = view.weight * (1 - view.timeout_share)
                 k = min(1.0, max(K_EVENT_MIN, 0.9 * served / w_max)) if w_max > 0 else K_EVENT_MIN
@@ -339,14 +337,14 @@ class ChangeDetector:
                 # ours: carrying more than the curve says it can, without a drop, is a capacity gain the
                 # deviation cannot measure (the curve is infinite there); seen after a capacity inversion
                 track.pending += 1
-                if track.pending >= s.change_confirmations:
+                if track.pending >= s.dynamics.change_confirmations:
                     capacity[dip] = min(K_EVENT_MAX, view.weight / w_max)
-                    if s.remeasure_on_gain:
+                    if s.dynamics.remeasure_on_gain:
                         remeasure.add(dip)
                     notes.append(f"capacity change on {dip}: serves weight {view.weight:.4f} without a drop, beyond "
                                  f"its curve's limit (w_max {w_max:.4f}); curve rescaled by "
-                                 f"k={capacity[dip]:.3f}" + (", then back to measurement" if s.remeasure_on_gain
-                                                             else ""))
+                                 f"k={capacity[dip]:.3f}"
+                                 + (", then back to measurement" if s.dynamics.remeasure_on_gain else ""))
                     track.reset()
                 continue
             if dip not in deviation or dip in overload_only:
@@ -357,11 +355,11 @@ class ChangeDetector:
             # ours: beyond the paper's 20 %, also beyond NOISE_SIGMAS standard errors of the recent mean
             # (at high utilisation one round's mean latency is noisier than the 20 % allows for)
             noise = NOISE_SIGMAS * view.noise / math.sqrt(len(track.deviations))
-            if abs(mean_dev) > max(math.log1p(s.capacity_change_threshold), noise):
+            if abs(mean_dev) > max(math.log1p(s.dynamics.capacity_change_threshold), noise):
                 track.pending += 1
             else:
                 track.pending = 0
-            if track.pending >= s.change_confirmations:
+            if track.pending >= s.dynamics.change_confirmations:
                 observed = curve.latency(view.weight) * math.exp(mean_dev)
                 k = shift_factor(curve, view.weight, observed, w_max)
                 if k is not None:
@@ -372,11 +370,11 @@ class ChangeDetector:
                     observed_points[dip] = (view.weight, observed)
                     # below its knee one noisy inverse is a guess: re-measure (a loss is cut first); at the
                     # knee the inverse is well-conditioned and a refresh's first step could overload the DIP
-                    below_knee = elasticity(curve, view.weight) < s.refresh_knee_elasticity
+                    below_knee = elasticity(curve, view.weight) < s.refresh.knee_elasticity
                     if k > 1:
-                        again = s.remeasure_on_gain and (below_knee or s.refresh_needs_room)
+                        again = s.dynamics.remeasure_on_gain and (below_knee or s.refresh.needs_room)
                     else:
-                        again = below_knee and s.remeasure_after_loss
+                        again = below_knee and s.dynamics.remeasure_after_loss
                     if again:
                         remeasure.add(dip)
                         action = ("back to measurement (Algorithm 1 from its current weight)" if k > 1 else
@@ -392,7 +390,7 @@ class ChangeDetector:
     def _beyond_its_curve(self, view: RoundView, curve: LatencyCurve, w_max: float) -> bool:
         """A round at a weight past both ``w_max`` and the curve's asymptote, answered without a drop."""
         return (w_max > 0 and view.weight > w_max * (1 + 1e-6) and not math.isfinite(curve.latency(view.weight))
-                and view.timeout_share <= self.settings.drop_failure_share and math.isfinite(view.latency)
+                and view.timeout_share <= self.settings.measurement.drop_failure_share and math.isfinite(view.latency)
                 and view.latency < view.drop_latency)
 
     def _overloaded(self, view: RoundView, curve: LatencyCurve) -> bool:
@@ -412,9 +410,9 @@ class ChangeDetector:
         """Ours: a pool-wide drift below the traffic threshold (e.g. the error left by a traffic
         shift estimated from noisy rounds), judged on each DIP's mean deviation over its recent
         rounds; corrected when significant (|s| > 3 standard errors and above
-        ``traffic_drift_threshold``) for ``change_confirmations`` rounds."""
+        ``dynamics.traffic_drift_threshold``) for ``dynamics.change_confirmations`` rounds."""
         s = self.settings
-        if s.traffic_drift_threshold <= 0:
+        if s.dynamics.traffic_drift_threshold <= 0:
             return None
         means = {d: statistics.fmean(self.state.tracks[d].deviations) for d in rounds
                  if len(self.state.tracks[d].deviations) >= RECENT_ROUNDS}
@@ -424,11 +422,11 @@ class ChangeDetector:
             self.state.drift_pending = 0
             return None
         shift, error = found
-        if abs(shift) > max(3 * error, math.log1p(s.traffic_drift_threshold)):
+        if abs(shift) > max(3 * error, math.log1p(s.dynamics.traffic_drift_threshold)):
             self.state.drift_pending += 1
         else:
             self.state.drift_pending = 0
-        if self.state.drift_pending < s.change_confirmations:
+        if self.state.drift_pending < s.dynamics.change_confirmations:
             return None
         self.state.drift_pending = 0
         k = min(K_EVENT_MAX, max(K_EVENT_MIN, math.exp(-shift)))

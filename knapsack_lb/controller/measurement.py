@@ -7,7 +7,7 @@ The extracted paper text lost the formulas; this is our reconstruction from the 
   ``w_{i-1}``, ``w_max`` (the largest weight measured so far without a drop), the weight-0
   latency ``l_0`` and the latency ``l_i`` measured at ``w_i``.
 * A **drop** is a probe round with failed requests (errors or timeouts above
-  ``drop_failure_share``) or a latency of at least ``drop_latency_factor * l_0`` (paper: 5x;
+  ``measurement.drop_failure_share``) or a latency of at least ``measurement.drop_latency_factor * l_0`` (paper: 5x;
   "latencies are 5x or higher when the CPU is 100 % utilised").
 * **Run** (no drop): ``w_max = max(w_max, w_i)`` (line 5) and
   ``w_{i+1} = w_i + alpha * w_i * l_0 / l_i`` (line 6): near ``l_0`` the weight roughly
@@ -24,7 +24,7 @@ The first two measurement weights are 0 (for ``l_0``) and the equal share ``1/N`
 pool starts at the equal share, which already sums to 1 on the LB).
 
 How it fails: a DIP that drops even at tiny weights halves its weight each iteration and
-stops after ``max_measurement_iterations`` with ``w_max = 0`` (unusable; the controller
+stops after ``measurement.max_iterations`` with ``w_max = 0`` (unusable; the controller
 then gives it only the minimum weight). Noise can turn a drop-free round into a drop or the
 reverse; Algorithm 1 then simply bisects a little longer.
 """
@@ -56,12 +56,12 @@ class AlgorithmStep:
 
 
 def is_drop(measurement: Measurement, l0: float | None, settings: ControllerSettings) -> bool:
-    """A "drop" (section 4.3): failed probes, or latency at least ``drop_latency_factor * l0``."""
+    """A "drop" (section 4.3): failed probes, or latency at least ``measurement.drop_latency_factor * l0``."""
     if measurement.sent == 0 or measurement.successes == 0 or measurement.latency_mean is None:
         return True
-    if measurement.failures / measurement.sent > settings.drop_failure_share:
+    if measurement.failures / measurement.sent > settings.measurement.drop_failure_share:
         return True
-    return l0 is not None and measurement.latency_mean >= settings.drop_latency_factor * l0
+    return l0 is not None and measurement.latency_mean >= settings.measurement.drop_latency_factor * l0
 
 
 def algorithm1(
@@ -91,8 +91,7 @@ def algorithm1(
     from a many-core DIP's flat latency (``l_i`` near ``l_0`` up to high utilisation) would
     otherwise jump far past its capacity on a live pool. The controller sets it to the DIP's
     previous ``w_max``, or the knee of its current curve when that is lower
-    (``refresh_needs_room``; tried: the refresh's starting weight, so that every step is
-    cautious - the longer refreshes cost more than they saved on ``dynamics``), and near the
+    (``refresh.needs_room``), and near the
     knee passes a ``cautious_step`` sized from the measured elasticity, which may fall below the
     convergence test and so end the run there, as intended.
     """
@@ -206,7 +205,7 @@ class DipMeasurement:
             return
         assert self.l0 is not None
         latency = self.equal_latency if self.equal_latency is not None else math.inf
-        dropped = self.equal_dropped or latency >= settings.drop_latency_factor * self.l0
+        dropped = self.equal_dropped or latency >= settings.measurement.drop_latency_factor * self.l0
         self.w_cur = equal_share if self.w_cur <= 0 else self.w_cur
         self._advance(self.w_cur, latency, dropped, settings, now)
 
@@ -225,22 +224,22 @@ class DipMeasurement:
             self.w_prev, self.w_cur, self.w_max = weight, weight, max(self.w_max, weight)
             self.last_dropped, self.enqueued_at, self.done, self.target = False, now, True, None
             return
-        cautious = settings.refresh_cautious_step
+        cautious = settings.refresh.cautious_step
         arc = self._arc_elasticity(weight, latency, dropped)
-        if settings.refresh_needs_room and arc is not None and arc > 0 and self._past_threshold(weight):
+        if settings.refresh.needs_room and arc is not None and arc > 0 and self._past_threshold(weight):
             # ours: a step beyond the threshold may raise the latency by at most STEP_LATENCY_RISE
             cautious = min(cautious, STEP_LATENCY_RISE ** (1 / arc) - 1)
         self.l_prev = None if dropped or latency is None else latency
         step = algorithm1(
             weight, self.w_max, self.l0, latency if latency is not None else math.inf, dropped,
-            pace=settings.pace, convergence_fraction=settings.convergence_fraction,
-            w_drop=self.w_drop if settings.run_capped_by_drop else None,
+            pace=settings.measurement.pace, convergence_fraction=settings.measurement.convergence_fraction,
+            w_drop=self.w_drop if settings.measurement.run_capped_by_drop else None,
             threshold=self.threshold, cautious_step=cautious,
         )
         self.w_prev, self.w_cur, self.w_max = weight, step.next_weight, step.w_max
         self.last_dropped = dropped
         self.enqueued_at = now
-        if step.done or self.iterations >= settings.max_measurement_iterations:
+        if step.done or self.iterations >= settings.measurement.max_iterations:
             self.done = True
             self.target = None
         else:
@@ -248,35 +247,30 @@ class DipMeasurement:
 
     def _no_room_beyond(self, weight: float, latency: float | None, dropped: bool, expected: float | None,
                         settings: ControllerSettings) -> bool:
-        """Ours, for a refresh (``refresh_needs_room``): the first drop-free round at or past the
+        """Ours, for a refresh (``refresh.needs_room``): the first drop-free round at or past the
         threshold (the knee of the DIP's current curve, or its old ``w_max``) ends the refresh unless
-        its latency is at least ``capacity_change_threshold`` below what the curve ``expected``
+        its latency is at least ``dynamics.capacity_change_threshold`` below what the curve ``expected``
         there - evidence that the DIP has more room than the curve says. With that evidence the run
         goes on by cautious steps, each sized from the last step's arc elasticity so that the
         latency rises by at most ``STEP_LATENCY_RISE``, until :meth:`_at_knee`.
 
-        Without the gate a refresh that a noisy "gain" started walked a 4-vCPU DIP from 80 % to
-        99 % utilisation in two steps (``dynamics`` seed 2): one such interval cost the whole
-        phase 5 % of mean latency. How it fails: a real gain smaller than the margin is not
-        explored (the curve stays a little pessimistic until the detector sees it); a noisy round
-        20 % below the curve lets the run go on, where the step size and the knee still stop it.
-        Tried and dropped (``dynamics`` seeds 1-14): also requiring 3 standard errors of the round's
-        own noise kept restored DIPs at their cut ``w_max`` (seed 1's last phase +9 %); sizing the
-        steps by the curve's elasticity as well as the measured one made every re-measurement of
-        the last phase too slow (+7-48 % on 13 of 14 seeds).
+        How it fails: a real gain smaller than the margin is not explored (the curve stays a
+        little pessimistic until the detector sees it); a noisy round 20 % below the curve lets
+        the run go on, where the step size and the knee still stop it. Why the gate exists:
+        docs/decisions/controller.md.
         """
-        if (not settings.refresh_needs_room or not self.refresh or self.room_seen or dropped or latency is None
+        if (not settings.refresh.needs_room or not self.refresh or self.room_seen or dropped or latency is None
                 or not self._past_threshold(weight)):
             return False
         if expected is not None and math.isfinite(expected) and latency <= expected * (
-                1 - settings.capacity_change_threshold):
+                1 - settings.dynamics.capacity_change_threshold):
             self.room_seen = True
             return False
         return True
 
     def _at_knee(self, weight: float, latency: float | None, dropped: bool, settings: ControllerSettings) -> bool:
         """Ours, for a refresh beyond its threshold: stop when the last cautious step's arc
-        elasticity ``ln(l_i / l_{i-1}) / ln(w_i / w_{i-1})`` reaches ``refresh_knee_elasticity``.
+        elasticity ``ln(l_i / l_{i-1}) / ln(w_i / w_{i-1})`` reaches ``refresh.knee_elasticity``.
 
         Under M/M/c a +10 % step has an arc elasticity of 3-5 at 80 % utilisation whatever
         the number of servers, while the paper's drop (5x ``l_0``) comes at about 97 % on an
@@ -284,7 +278,7 @@ class DipMeasurement:
         Probe noise (~10 % per round) gives the estimate a spread of about 1.5, so a false
         stop at low load is rare, and it only keeps ``w_max`` conservative.
         """
-        knee = settings.refresh_knee_elasticity
+        knee = settings.refresh.knee_elasticity
         if knee <= 0 or not self._past_threshold(weight):
             return False
         arc = self._arc_elasticity(weight, latency, dropped)

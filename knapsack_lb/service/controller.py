@@ -120,7 +120,7 @@ class ControllerService:
     async def tick(self) -> list[TickOutcome]:
         """One pass over the VIPs this process can lease."""
         self.rounds += 1
-        ttl = self.settings.lease_ttl
+        ttl = self.settings.loop.lease_ttl
         if not await self.store.acquire_lease(IDENTITY_GROUP, self.controller_id, self.token, ttl):
             log.error("controller id is held by another live process; waiting for its lease to expire",
                       extra={"controller_id": self.controller_id})
@@ -210,13 +210,13 @@ class ControllerService:
                               extra={"error": short_repr(str(exc))})
                 self.store_ready = False
                 await self._sleep(stop, retry)
-                retry = min(2 * retry, self.settings.interval)
+                retry = min(2 * retry, self.settings.loop.interval)
                 continue
             if not self.store_ready:
                 log.info("the store answers again; control resumed", extra={"controller_id": self.controller_id})
             self.store_ready, retry = True, RETRY_INITIAL
             done += 1
-            wait = max(0.0, self.settings.interval - (self.clock.now() - started))
+            wait = max(0.0, self.settings.loop.interval - (self.clock.now() - started))
             if max_rounds is not None and done >= max_rounds:
                 break
             await self._sleep(stop, wait)

@@ -109,14 +109,14 @@ class KnapsackDriver:
         self.sim = sim
         spec = sim.scenario.knapsack
         overrides = dict(spec.settings)
-        overrides.setdefault("interval", spec.probe_interval)
+        overrides["loop"] = {"interval": spec.probe_interval, **overrides.get("loop", {})}
         self.settings = settings or ControllerSettings.model_validate(overrides)
         self.vip = vip
-        self.config = VipConfig(name=vip, objective=self.settings.solver_objective,
+        self.config = VipConfig(name=vip, objective=self.settings.solver.objective,
                                 dips=tuple(DipConfig(name=n, address=sim_address(i)) for i, n in enumerate(sim.names)))
         self.controller = VipController(vip, sim.names, self.settings, rng=random.Random(f"{sim.seed}/controller"))
         self.sink = QuantisingSink(spec.lb, self._push)
-        self.klm = SimKlm(sim, vip, self.settings.interval, lambda: self.sink.carried)
+        self.klm = SimKlm(sim, vip, self.settings.loop.interval, lambda: self.sink.carried)
         clock = SimClock(lambda: sim.engine.now)
         self.loop = ControlLoop(self.controller, self, fixed(self.sink), clock.now, on_apply=self._applied)
         self.plans: list[dict[str, Any]] = []
@@ -165,7 +165,7 @@ class KnapsackDriver:
 
     # --- time -------------------------------------------------------------------------------------------
     def start(self) -> None:
-        interval = self.settings.interval
+        interval = self.settings.loop.interval
         for ev in self.sim.scenario.events:
             if ev.kind in OPERATOR_EVENTS:
                 self.sim.engine.at(ev.at, self._operator, ev)
@@ -174,7 +174,7 @@ class KnapsackDriver:
 
     def _step(self, now: float) -> None:
         run_now(self.loop.tick(now))
-        if now + self.settings.interval <= self.sim.scenario.duration:
+        if now + self.settings.loop.interval <= self.sim.scenario.duration:
             self.klm.schedule(now)
 
 

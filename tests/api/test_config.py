@@ -28,7 +28,7 @@ def test_example_config_loads_with_its_vip_and_adapter() -> None:
     assert config.vips[0].adapter.lb == "web-haproxy"
     assert config.load_balancers["web-haproxy"].adapter == "haproxy"
     assert config.api.host == "127.0.0.1"
-    assert config.controller.interval == 5.0
+    assert config.controller.loop.interval == 5.0
 
 
 def test_reference_doc_lists_every_field_with_its_default() -> None:
@@ -57,7 +57,7 @@ def test_every_config_field_has_a_description() -> None:
         ({"vips": [{"name": "bad;name"}]}, "vips.0.name", "bad;name"),
         ({"api": {"port": 70000}}, "api.port", 70000),
         ({"api": {"host": "localhost:80"}}, "api.host", "localhost:80"),
-        ({"controller": {"interval": -1}}, "controller.interval", -1),
+        ({"controller": {"loop": {"interval": -1}}}, "controller.loop.interval", -1),
         ({"redis": {"url": "http://x"}}, "redis.url", "http://x"),
         ({"logging": {"level": "LOUD"}}, "logging.level", "LOUD"),
         ({"surprise": 1}, "surprise", 1),
@@ -69,6 +69,11 @@ def test_errors_name_the_field_and_value(raw: dict[str, object], field: str, val
     assert info.value.field == field
     assert info.value.value == value
     assert field in str(info.value)
+
+
+def test_a_controller_setting_by_its_old_flat_name_says_where_it_moved() -> None:
+    with pytest.raises(ConfigError, match=r"'drain_time' is now 'drain.time'.*'safety' is now 'rails'"):
+        parse_config({"controller": {"drain_time": 5.0, "safety": {"min_weight": 0.0}}})
 
 
 def test_duplicate_vips_are_refused() -> None:

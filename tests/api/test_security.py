@@ -29,7 +29,7 @@ from adapters.nginx import NginxAdapter, NginxError, require_nginx_master
 from knapsack_lb.cli.main import app as cli
 from knapsack_lb.clock import FakeClock
 from knapsack_lb.config import ConfigError, LoadBalancerConfig, parse_config
-from knapsack_lb.controller.settings import ControllerSettings
+from knapsack_lb.controller.settings import ControllerSettings, LoopSettings
 from knapsack_lb.lab.procs import RedisServer, free_port
 from knapsack_lb.model import WeightPlan
 from knapsack_lb.service.adapters import adapter_factory
@@ -200,7 +200,8 @@ async def test_an_operators_xds_server_stops_when_its_vip_is_deleted(redis_serve
     store: LatencyStore = make_store(redis_server.url, f"x{port}")
     try:
         await store.put_vip(config.vips[0])
-        service = ControllerService(store, ControllerSettings(lease_ttl=5.0), FakeClock(1000.0), "ctl-x",
+        service = ControllerService(store, ControllerSettings(loop=LoopSettings(lease_ttl=5.0)), FakeClock(1000.0),
+                                    "ctl-x",
                                     adapter_factory=adapter_factory(config.load_balancers))
         await service.tick()  # the first plan is pushed: the xDS server listens
         assert _listening(port)
@@ -280,12 +281,15 @@ async def test_non_finite_numbers_are_422(client: httpx.AsyncClient, path: str, 
 
 
 @pytest.mark.parametrize(("section", "key"), [
-    ("redis", "measurement_retention_age"), ("controller", "solver_time_limit"), ("api", "dashboard_refresh"),
+    ("redis", "measurement_retention_age"), ("controller.solver", "time_limit"), ("api", "dashboard_refresh"),
 ])
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
 def test_yaml_infinities_are_refused_naming_the_field(section: str, key: str, value: float) -> None:
+    raw: dict[str, object] = {key: value}
+    for part in reversed(section.split(".")):
+        raw = {part: raw}
     with pytest.raises(ConfigError) as info:
-        parse_config({section: {key: value}})
+        parse_config(raw)
     assert info.value.field == f"{section}.{key}"
 
 
@@ -334,7 +338,8 @@ async def test_the_controller_view_names_the_lease_owner(redis_server: RedisServ
     store = make_store(redis_server.url, f"o{os.getpid()}")
     try:
         await seed_store(store, time.time())
-        service = ControllerService(store, ControllerSettings(lease_ttl=30.0), FakeClock(time.time()), "ctl-owner")
+        settings = ControllerSettings(loop=LoopSettings(lease_ttl=30.0))
+        service = ControllerService(store, settings, FakeClock(time.time()), "ctl-owner")
         await service.tick()
         app = create_app(store)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as c:

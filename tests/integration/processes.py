@@ -22,7 +22,7 @@ NAMESPACE = "svc"
 T = TypeVar("T")
 
 
-def write_config(tmp_path: Path, redis_url: str, fleet: EmulatorFleet, **controller: Any) -> Path:
+def write_config(tmp_path: Path, redis_url: str, fleet: EmulatorFleet, **loop: Any) -> Path:
     """One VIP over the fleet's DIPs behind a recording 'load balancer', probed every 0.5 s."""
     config = {
         "redis": {"url": redis_url, "namespace": NAMESPACE},
@@ -34,7 +34,7 @@ def write_config(tmp_path: Path, redis_url: str, fleet: EmulatorFleet, **control
             "adapter": {"lb": "rec"},
             "dips": [{"name": name, "address": address} for name, address in fleet.addresses.items()],
         }],
-        "controller": {"interval": 0.5, **controller},
+        "controller": {"loop": {"interval": 0.5, **loop}},
         "api": {"enabled": False},
     }
     path = tmp_path / "config.yaml"

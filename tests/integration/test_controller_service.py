@@ -18,7 +18,7 @@ import pytest
 
 from adapters.recording import RecordingAdapter
 from knapsack_lb.clock import FakeClock
-from knapsack_lb.controller.settings import ControllerSettings
+from knapsack_lb.controller.settings import ControllerSettings, LoopSettings, SolverSettings
 from knapsack_lb.errors import StalePlanError
 from knapsack_lb.lab.fluid import FluidDip, FluidModel
 from knapsack_lb.lab.procs import RedisServer
@@ -26,7 +26,7 @@ from knapsack_lb.model import AdapterSpec, DipConfig, VipConfig
 from knapsack_lb.service.controller import LEASE_GROUP, ControllerService
 from knapsack_lb.store.redis import RedisLatencyStore
 
-SETTINGS = ControllerSettings(solver_units=20_000, lease_ttl=1.0)
+SETTINGS = ControllerSettings(solver=SolverSettings(units=20_000), loop=LoopSettings(lease_ttl=1.0))
 
 
 @pytest.fixture
@@ -48,9 +48,9 @@ class World:
     adapter: RecordingAdapter
 
     async def probe_round(self) -> None:
-        self.clock.advance(SETTINGS.interval)
+        self.clock.advance(SETTINGS.loop.interval)
         if self.adapter.read():
-            self.model.set_weights(self.adapter.read(), self.clock.now() - SETTINGS.interval)
+            self.model.set_weights(self.adapter.read(), self.clock.now() - SETTINGS.loop.interval)
         rounds = self.model.measure(self.clock.now())
         await self.store.put_measurements(list(rounds.values()))
 
@@ -103,7 +103,7 @@ async def test_a_killed_controller_is_taken_over_and_resumed_from_the_store(stor
     await world.probe_round()
     outcomes = await second.tick()
     assert outcomes == [] and "web" not in second.controllers  # the lease is still ctl-a's
-    await asyncio.sleep(SETTINGS.lease_ttl + 0.3)
+    await asyncio.sleep(SETTINGS.loop.lease_ttl + 0.3)
     await world.probe_round()
     await second.tick()
     resumed = second.controllers["web"]
@@ -125,7 +125,7 @@ async def test_a_stale_owner_cannot_store_or_push_an_older_plan(store: RedisLate
         await world.probe_round()
         await stale.tick()
     # ctl-a freezes; ctl-b takes the VIP over once the lease expires and goes on planning
-    await asyncio.sleep(SETTINGS.lease_ttl + 0.3)
+    await asyncio.sleep(SETTINGS.loop.lease_ttl + 0.3)
     fresh = world.service("ctl-b")
     for _ in range(3):
         await world.probe_round()
@@ -254,10 +254,10 @@ async def test_a_refused_apply_keeps_the_confirmed_weights_in_a_real_haproxy(
         reader = HAProxyAdapter.from_config(haproxy.adapter_settings)
 
         async def round_and_tick() -> Any:
-            clock.advance(SETTINGS.interval)
+            clock.advance(SETTINGS.loop.interval)
             in_force = await store.in_force("web")
             if in_force is not None:
-                model.set_weights(in_force.weights, clock.now() - SETTINGS.interval)
+                model.set_weights(in_force.weights, clock.now() - SETTINGS.loop.interval)
             await store.put_measurements(list(model.measure(clock.now()).values()))
             return (await service.tick())[0]
 

@@ -48,7 +48,7 @@ def _run(sink: ExactSink | QuantisingSink, ticks: int = 60) -> list[tuple[str, t
     loop = ControlLoop(ctl, TruthSource(model, sink, config), fixed(sink), lambda: now[0])
     plans = []
     for _ in range(ticks):
-        now[0] += FAST.interval
+        now[0] += FAST.loop.interval
         plan = run_now(loop.tick(now[0])).plan
         if plan is not None:
             plans.append((plan.method, plan.flags, dict(plan.weights)))

@@ -99,7 +99,7 @@ class Run:
         self.model = model
         self.settings = settings
         self.ctl = VipController(model.vip, model.names, settings, rng=random.Random(seed))
-        self.lab = FluidLab(model, vip_config(model.vip, model.names, objective=settings.solver_objective))
+        self.lab = FluidLab(model, vip_config(model.vip, model.names, objective=settings.solver.objective))
         self.loop = self.lab.loop(self.ctl)
         self.plans = 0
         self.max_util_after_build = 0.0
@@ -114,7 +114,7 @@ class Run:
 
     def tick(self) -> None:
         before = self.ctl.plan.weights if self.ctl.plan is not None else {}
-        plan = self.lab.tick(self.loop, self.settings.interval).plan
+        plan = self.lab.tick(self.loop, self.settings.loop.interval).plan
         if plan is not None:
             self.plans += 1
             for reason in plan.reasons:
@@ -244,7 +244,7 @@ def run_dynamics(seed: int, settings: ControllerSettings, phase_rounds: int = 36
         phase = {"phase": title, "event_at_s": start, "handled_at_s": first_seen,
                  "detection_delay_s": None if first_seen is None else first_seen - start,
                  "intervals_to_handle": None if first_seen is None else math.ceil((first_seen - start)
-                                                                                  / settings.interval),
+                                                                                  / settings.loop.interval),
                  "reactions": len(handled),
                  "max_planned_utilisation": round(run.max_util_after_build, 4),
                  "max_raised_utilisation": round(run.max_raised_util, 4), **_compare(run),
@@ -288,7 +288,7 @@ def run_operator(seed: int, settings: ControllerSettings, phase_rounds: int = 12
         refused = 0
         carried_while: list[dict[str, float]] = []
         for _ in range(phase_rounds):
-            outcome = run.lab.tick(run.loop, settings.interval)
+            outcome = run.lab.tick(run.loop, settings.loop.interval)
             refused += outcome.applied is not None and not outcome.applied.ok
             carried_while.append(dict(run.ctl.in_force))
         in_force = run.ctl.in_force

@@ -3,7 +3,7 @@
 The machine these runs share has 2 cores and several jobs; wall time then mostly measures the
 neighbours. CPU time (``time.process_time``) is what one dedicated core would need: the simulator is
 one thread, so on a core of its own its wall time is its CPU time. The target (30,000 simulated
-requests per second on one core, issue 7) is therefore judged on the median requests per CPU-second
+requests per second on one core) is therefore judged on the median requests per CPU-second
 (``target_applies_to``); the wall figures are reported beside it. ``calibration_events_per_cpu_second``
 (an empty-callback engine loop) shows how fast this core is right now, so that numbers from
 different machines and moments can be compared.

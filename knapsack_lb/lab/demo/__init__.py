@@ -1,4 +1,4 @@
-"""`klb demo`: KnapsackLB on a live loopback testbed (issue 6, the project's main job).
+"""`klb demo`: KnapsackLB on a live loopback testbed (the project's main job).
 
 Modules: :mod:`settings` (every knob of the run), :mod:`loadgen` (the open-loop layer-4 client,
 run as a subprocess), :mod:`testbed` (Redis, emulated DIPs, HAProxy, the generated config),

@@ -22,13 +22,14 @@ def time_scaled(sc: Scenario, k: float, **changes: Any) -> Scenario:
     """Every time of the workload x k (service, think, RTT, timeouts, probe timeout, drain time), same load."""
     c = sc.clients
     kn = sc.knapsack
+    drain = dict(kn.settings.get("drain", {}))
     updates: dict[str, Any] = {
         "service": {"mean": sc.service.mean * k},
         "clients": {"think_time": c.think_time * k},
         "network": {"rtt": sc.network.rtt * k},
         "knapsack": {
             "probe_timeout": kn.probe_timeout * k,
-            "settings": {**kn.settings, "drain_time": float(kn.settings.get("drain_time", 0.0)) * k},
+            "settings": {**kn.settings, "drain": {**drain, "time": float(drain.get("time", 0.0)) * k}},
         },
     }
     if sc.lb.timeout is not None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from knapsack_lb.controller.core import VipController
-from knapsack_lb.controller.settings import ControllerSettings
+from knapsack_lb.controller.settings import ControllerSettings, SolverSettings
 from knapsack_lb.lab.fluid import FluidDip, FluidLab, FluidModel
 from knapsack_lb.lab.fluid import vip_config as lab_vip_config
 from knapsack_lb.loop import ControlLoop
 from knapsack_lb.model import VipConfig, WeightPlan
 
-FAST = ControllerSettings(solver_units=20_000)
+FAST = ControllerSettings(solver=SolverSettings(units=20_000))
 
 
 class Loop:
@@ -19,7 +19,7 @@ class Loop:
     def __init__(self, model: FluidModel, ctl: VipController) -> None:
         self.ctl = ctl
         self.plans: list[WeightPlan] = []
-        self.lab = FluidLab(model, lab_vip_config(model.vip, model.names, objective=ctl.settings.solver_objective))
+        self.lab = FluidLab(model, lab_vip_config(model.vip, model.names, objective=ctl.settings.solver.objective))
         self.control: ControlLoop = self.lab.loop(ctl)
 
     @property
@@ -42,7 +42,7 @@ class Loop:
         if config is not None:
             self.lab.config = config
         self.lab.remeasure |= set(remeasure)
-        plan = self.lab.tick(self.control, self.ctl.settings.interval).plan
+        plan = self.lab.tick(self.control, self.ctl.settings.loop.interval).plan
         if plan is not None:
             self.plans.append(plan)
         return plan

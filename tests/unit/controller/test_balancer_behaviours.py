@@ -79,7 +79,7 @@ def test_a_three_dip_pool_never_ejects_more_than_the_allowed_share() -> None:
     loop = _loop(dips, load=0.4)
     for _ in range(60):
         loop.tick()
-        allowed = int(FAST.circuit_breaker.max_ejected_share * 3)  # 30 % of 3 DIPs: none may be ejected
+        allowed = int(FAST.breaker.max_ejected_share * 3)  # 30 % of 3 DIPs: none may be ejected
         assert len(loop.ctl.breaker.ejections) <= allowed
         plan = loop.ctl.plan
         assert plan is None or PlanFlag.NO_LIVE_DIP not in plan.flags

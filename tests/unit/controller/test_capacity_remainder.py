@@ -6,12 +6,13 @@ import pytest
 
 from knapsack_lb.controller.core import VipController
 from knapsack_lb.controller.measurement import DipMeasurement
-from knapsack_lb.controller.settings import ControllerSettings
+from knapsack_lb.controller.settings import ControllerSettings, MeasurementSettings
 from knapsack_lb.curves import QuadraticCurve
 
 
 def test_capacity_estimates_use_w_max_then_the_equal_share_and_halve_after_an_early_drop() -> None:
-    ctl = VipController("v", ["a", "b", "c", "d"], ControllerSettings(measurement_remainder="capacity"))
+    settings = ControllerSettings(measurement=MeasurementSettings(remainder="capacity"))
+    ctl = VipController("v", ["a", "b", "c", "d"], settings)
     a = ctl.dips["a"]
     a.measuring, a.curve, a.w_max = None, QuadraticCurve(1.0, 0.0, 1.0).to_dict(), 0.6
     assert ctl._capacity_estimate("a", 0.25) == pytest.approx(0.6)
@@ -25,5 +26,5 @@ def test_capacity_estimates_use_w_max_then_the_equal_share_and_halve_after_an_ea
 
 
 def test_paper_settings_keep_the_solver_remainder() -> None:
-    assert ControllerSettings.paper().measurement_remainder == "solver"
-    assert ControllerSettings().measurement_remainder == "solver"
+    assert ControllerSettings.paper().measurement.remainder == "solver"
+    assert ControllerSettings().measurement.remainder == "solver"

@@ -183,7 +183,7 @@ def _fail_and_return(loop: Loop, name: str) -> list:
         loop.tick()
     loop.model.restore(name)
     start = len(loop.plans)
-    for _ in range(int(loop.ctl.settings.safety.slow_start / loop.ctl.settings.interval) + 4):
+    for _ in range(int(loop.ctl.settings.rails.slow_start / loop.ctl.settings.loop.interval) + 4):
         loop.tick()
     return loop.plans[start:]
 
@@ -216,7 +216,7 @@ def test_a_ramp_steps_only_once_its_last_step_could_be_observed() -> None:
     ramp = [p for p in _fail_and_return(loop, "b") if "slow-start" in p.flags]
     assert len(ramp) >= 2
     gaps = [b.computed_at - a.computed_at for a, b in itertools.pairwise(ramp)]
-    assert min(gaps) >= loop.ctl.drain_time + FAST.interval
+    assert min(gaps) >= loop.ctl.drain_time + FAST.loop.interval
 
 
 def test_a_refresh_without_evidence_of_room_keeps_the_old_limit_and_stays_below_the_knee(loop: Loop) -> None:
@@ -265,7 +265,7 @@ def test_timeouts_at_a_measurement_weight_are_a_drop_and_fast_errors_a_failure(
         if raised:
             break
     name, weight = next(iter(raised.items()))
-    loop.now += loop.ctl.settings.interval
+    loop.now += loop.ctl.settings.loop.interval
     observations = loop.model.measure(loop.now)
     observations[name] = Measurement("vip", name, loop.now, weight, 100, 0, errors, timeouts, None, None, None, None,
                                      1.0, "t")

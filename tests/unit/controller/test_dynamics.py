@@ -19,7 +19,7 @@ from knapsack_lb.controller.dynamics import (
     weight_for_latency,
     weighted_median,
 )
-from knapsack_lb.controller.settings import ControllerSettings
+from knapsack_lb.controller.settings import ControllerSettings, DynamicsSettings, RefreshSettings
 from knapsack_lb.curves import PiecewiseLinearCurve, QuadraticCurve, QueueingCurve
 
 
@@ -42,7 +42,7 @@ def test_the_papers_example_gives_k_0_8() -> None:
 
 def test_a_traffic_change_on_mm1_dips_shifts_by_the_ratio_of_rates() -> None:
     """M/M/1: T(w) = 1/(mu - w*L). Traffic L -> 1.2 L is exactly k = 1/1.2 on every curve."""
-    s = ControllerSettings(change_confirmations=1)
+    s = ControllerSettings(dynamics=DynamicsSettings(change_confirmations=1))
     det = ChangeDetector(s)
     rate, mus = 1000.0, {"a": 300.0, "b": 400.0, "c": 500.0, "d": 350.0}
     weights = {"a": 0.2, "b": 0.25, "c": 0.35, "d": 0.2}
@@ -54,7 +54,7 @@ def test_a_traffic_change_on_mm1_dips_shifts_by_the_ratio_of_rates() -> None:
 
 
 def test_one_dip_off_its_curve_is_a_capacity_change_after_the_confirmations() -> None:
-    s = ControllerSettings(change_confirmations=2)
+    s = ControllerSettings(dynamics=DynamicsSettings(change_confirmations=2))
     det = ChangeDetector(s)
     rate = 1000.0
     curves = {d: (QueueingCurve(0.0, 1 / rate, 0.4), 0.3) for d in "abcd"}
@@ -70,7 +70,7 @@ def test_one_dip_off_its_curve_is_a_capacity_change_after_the_confirmations() ->
 
 
 def test_timeouts_cut_w_max_at_once() -> None:
-    det = ChangeDetector(ControllerSettings(change_confirmations=3))
+    det = ChangeDetector(ControllerSettings(dynamics=DynamicsSettings(change_confirmations=3)))
     curves = {d: (QueueingCurve(0.0, 0.001, 0.4), 0.3) for d in "abc"}
     rounds = {"a": RoundView(0.3, 0.5, 0.4), "b": RoundView(0.2, 0.005, 0.0), "c": RoundView(0.2, 0.005, 0.0)}
     verdict = det.observe(rounds, curves)
@@ -78,7 +78,7 @@ def test_timeouts_cut_w_max_at_once() -> None:
 
 
 def test_noise_within_the_thresholds_changes_nothing() -> None:
-    det = ChangeDetector(ControllerSettings(change_confirmations=1))
+    det = ChangeDetector(ControllerSettings(dynamics=DynamicsSettings(change_confirmations=1)))
     curves = {d: (QueueingCurve(0.0, 0.001, 0.4), 0.3) for d in "abcdef"}
     rng = np.random.default_rng(1)
     for _ in range(20):
@@ -118,7 +118,7 @@ def test_weighted_median_follows_the_weights() -> None:
 def test_the_traffic_shift_trusts_dips_near_capacity_over_flat_ones() -> None:
     """+10 % traffic; four M/M/1 DIPs near capacity tell k = 1/1.1 exactly, six nearly flat DIPs
     show probe noise of +30 % that their flat curves turn into absurd factors."""
-    det = ChangeDetector(ControllerSettings(change_confirmations=1))
+    det = ChangeDetector(ControllerSettings(dynamics=DynamicsSettings(change_confirmations=1)))
     rate = 1000.0
     curves = {f"busy{i}": (QueueingCurve(0.0, 1 / rate, 0.1), 0.09) for i in range(4)}
     curves |= {f"flat{i}": (QueueingCurve(0.005, 1e-6, 10.0), 1.0) for i in range(6)}
@@ -135,8 +135,9 @@ def test_a_drift_below_the_traffic_threshold_is_corrected_once_significant() -> 
     weights = {"a": 0.2, "b": 0.25, "c": 0.35, "d": 0.2}
     curves = {d: (QueueingCurve(0.0, 1 / rate, mu / rate), mu / rate * 0.8) for d, mu in mus.items()}
     rounds = {d: RoundView(w, 1 / (mus[d] - w * rate * 1.04), 0.0) for d, w in weights.items()}
-    det = ChangeDetector(ControllerSettings(change_confirmations=1))
-    off = ChangeDetector(ControllerSettings(change_confirmations=1, traffic_drift_threshold=0.0))
+    det = ChangeDetector(ControllerSettings(dynamics=DynamicsSettings(change_confirmations=1)))
+    off = ChangeDetector(ControllerSettings(dynamics=DynamicsSettings(change_confirmations=1,
+                                                                       traffic_drift_threshold=0.0)))
     verdicts = [det.observe(rounds, curves) for _ in range(3)]
     assert [v.traffic_factor is None for v in verdicts] == [True, True, False]
     assert verdicts[2].traffic_factor == pytest.approx(1 / 1.04, rel=0.02)
@@ -156,11 +157,13 @@ def test_a_capacity_change_below_the_knee_is_re_measured_a_loss_after_its_cut() 
     ):
         latency = curves["a"][0].latency(weight)
         rounds = {d: RoundView(weight, latency, 0.0) for d in "abc"} | {"d": RoundView(weight, latency * factor, 0.0)}
-        settings = ControllerSettings(change_confirmations=1, refresh_needs_room=room)
+        settings = ControllerSettings(dynamics=DynamicsSettings(change_confirmations=1),
+                                      refresh=RefreshSettings(needs_room=room))
         verdict = ChangeDetector(settings).observe(rounds, curves)
         assert (verdict.capacity["d"] > 1) is gain
         assert (verdict.remeasure == {"d"}) is remeasured and action in verdict.notes[0]
-    paper = ChangeDetector(ControllerSettings(change_confirmations=1, remeasure_on_gain=False))
+    paper = ChangeDetector(ControllerSettings(dynamics=DynamicsSettings(change_confirmations=1,
+                                                                        remeasure_on_gain=False)))
     latency = curves["a"][0].latency(0.2)
     rounds = {d: RoundView(0.2, latency, 0.0) for d in "abc"} | {"d": RoundView(0.2, latency * 0.7, 0.0)}
     verdict = paper.observe(rounds, curves)
@@ -179,7 +182,7 @@ def test_a_deviation_within_the_rounds_own_noise_is_not_a_capacity_change() -> N
     curves = {d: (QueueingCurve(0.0, 0.001, 0.4), 0.3) for d in "abcd"}
     calm = {d: RoundView(0.2, 0.005, 0.0) for d in "abc"}
     for noise, changed in ((0.0, True), (0.1, False)):
-        det = ChangeDetector(ControllerSettings(change_confirmations=1))
+        det = ChangeDetector(ControllerSettings(dynamics=DynamicsSettings(change_confirmations=1)))
         verdict = det.observe(calm | {"d": RoundView(0.2, 0.0065, 0.0, noise)}, curves)
         assert ("d" in verdict.capacity) is changed
 
@@ -203,7 +206,7 @@ def test_a_drop_level_latency_far_above_the_curve_is_overload_cut_at_once(overlo
     """No timeouts, no confirmation: 4x its curve at a drop-level latency cuts w_max to 90 % of the weight
     it was overloaded at, in the steady state and while other DIPs measure alike."""
     rounds, curves = _overload_round(4.0)
-    verdict = ChangeDetector(ControllerSettings(change_confirmations=3)).observe(
+    verdict = ChangeDetector(ControllerSettings(dynamics=DynamicsSettings(change_confirmations=3))).observe(
         rounds, curves, pool=not overload_only, overload_only=overload_only)
     assert set(verdict.capacity) == {"d"} and verdict.capacity["d"] == pytest.approx(0.9)
     assert "is a drop" in verdict.notes[0] and "4.0x its curve" in verdict.notes[0]
@@ -211,7 +214,7 @@ def test_a_drop_level_latency_far_above_the_curve_is_overload_cut_at_once(overlo
 
 def test_a_latency_below_three_times_the_curve_or_the_drop_level_is_not_overload() -> None:
     rounds, curves = _overload_round(2.5)  # a traffic step moves a DIP by ~1.4x; 2.5x still is not overload
-    det = ChangeDetector(ControllerSettings(change_confirmations=3))
+    det = ChangeDetector(ControllerSettings(dynamics=DynamicsSettings(change_confirmations=3)))
     assert not det.observe(rounds, curves, pool=False, overload_only=frozenset("abcd")).capacity
     rounds, curves = _overload_round(4.0, l0=1.0)  # far above the curve but below 5 x l_0: no drop
     assert not det.observe(rounds, curves, pool=False, overload_only=frozenset("abcd")).capacity
@@ -227,7 +230,7 @@ def test_overload_past_w_max_while_others_measure_is_no_news() -> None:
 def test_overload_only_dips_are_not_judged_for_gains_or_small_losses() -> None:
     rounds, curves = _overload_round(1.0)
     rounds["d"] = RoundView(0.2, 0.5 * curves["d"][0].latency(0.2), 0.0)
-    det = ChangeDetector(ControllerSettings(change_confirmations=1))
+    det = ChangeDetector(ControllerSettings(dynamics=DynamicsSettings(change_confirmations=1)))
     assert not det.observe(rounds, curves, pool=False, overload_only=frozenset("d")).capacity
     assert det.observe(rounds, curves, pool=False).capacity["d"] > 1  # judged in full otherwise
 
@@ -236,7 +239,7 @@ def test_a_dip_at_its_curves_cliff_does_not_steer_the_traffic_shift() -> None:
     """+10 % traffic on eight M/M/1 DIPs; a ninth sits at its curve's cliff (elasticity ~ 50) with a
     latency below its curve: uncapped, its squared elasticity outweighed the rest and shifted every
     curve the wrong way (k > 1)."""
-    det = ChangeDetector(ControllerSettings(change_confirmations=1))
+    det = ChangeDetector(ControllerSettings(dynamics=DynamicsSettings(change_confirmations=1)))
     rate = 1000.0
     curves = {f"m{i}": (QueueingCurve(0.0, 1 / rate, 0.1), 0.09) for i in range(8)}
     rounds = {f"m{i}": RoundView(0.07, 1 / ((0.1 - 0.07 * 1.1) * rate), 0.0) for i in range(8)}

@@ -13,7 +13,7 @@ from knapsack_lb.controller.measurement import (
     algorithm1,
     is_drop,
 )
-from knapsack_lb.controller.settings import ControllerSettings
+from knapsack_lb.controller.settings import ControllerSettings, MeasurementSettings, RefreshSettings
 from knapsack_lb.controller.state import ControllerState, DipState
 from knapsack_lb.lab.fluid import FluidDip, FluidModel
 from knapsack_lb.model import Measurement
@@ -94,7 +94,7 @@ def test_paper_settings_converge_too_with_more_iterations() -> None:
 
 
 def test_a_dip_that_drops_everywhere_stops_with_no_usable_weight() -> None:
-    s = ControllerSettings(max_measurement_iterations=6)
+    s = ControllerSettings(measurement=MeasurementSettings(max_iterations=6))
     m = DipMeasurement("d", enqueued_at=0.0)
     for step in range(20):
         wanted = m.wanted(0.1, zero_first=True)
@@ -106,7 +106,7 @@ def test_a_dip_that_drops_everywhere_stops_with_no_usable_weight() -> None:
 
 
 def test_priority_is_over_utilised_after_a_drop_and_state_round_trips() -> None:
-    m = _measure(0.02, ControllerSettings(max_measurement_iterations=3))
+    m = _measure(0.02, ControllerSettings(measurement=MeasurementSettings(max_iterations=3)))
     assert m.priority in (PRIORITY_NORMAL, PRIORITY_OVERUTILISED)
     state = ControllerState(vip="web", dips={"d": DipState("d", measuring=m)}, drain_time=0.0)
     assert ControllerState.from_dict(state.to_dict()).dips["d"].measuring == m
@@ -182,7 +182,7 @@ def test_a_refresh_goes_past_its_threshold_only_with_evidence_of_room(
 
 
 def test_without_refresh_needs_room_a_refresh_goes_on_regardless() -> None:
-    m = _refresh_at_threshold(0.020, 0.018, ControllerSettings(refresh_needs_room=False))
+    m = _refresh_at_threshold(0.020, 0.018, ControllerSettings(refresh=RefreshSettings(needs_room=False)))
     assert not m.done and m.target == pytest.approx(0.11)
 
 
