@@ -14,6 +14,7 @@ from knapsack_lb.cli import (
     controller_commands,
     demo_commands,
     probe_commands,
+    robustness_commands,
     service_commands,
     sim_commands,
     solver_commands,
@@ -36,6 +37,7 @@ for _module in (
     sim_commands,
     service_commands,
     demo_commands,
+    robustness_commands,
 ):
     _module.register(app, bench_app)
 

@@ -644,6 +644,8 @@ class Simulation:
             for i in idx:
                 self.dips[i].error_probability = ev.probability
                 self.dips[i].error_latency = ev.latency
+        elif ev.kind == "weights":
+            self.set_weights(ev.weights)
         elif ev.kind == "traffic":
             self._traffic_factor = ev.factor
             if self.scenario.clients.kind == "sessions":

@@ -204,7 +204,7 @@ class EventSpec(_Frozen):
 
     at: float = Field(ge=0, description="Time in seconds.")
     kind: Literal[
-        "fail", "restart", "capacity", "errors", "traffic",
+        "fail", "restart", "capacity", "errors", "traffic", "weights",
         "pin", "unpin", "drain", "undrain", "pause", "resume", "dry_run", "apply_fail",
     ] = Field(description="What happens: to the DIPs and the traffic, or (pin ... apply_fail) what an operator "
               "does to KnapsackLB's VIP and its load balancer.")
@@ -223,11 +223,15 @@ class EventSpec(_Frozen):
     weight: float | None = Field(None, ge=0, le=1, description="pin: the weight the DIP is held at.")
     enabled: bool | None = Field(None, description="dry_run: on (true) or off (false).")
     count: int | None = Field(None, ge=1, description="apply_fail: how many applies in a row the LB refuses.")
+    weights: tuple[float, ...] | None = Field(
+        None, description="weights: the configured weights every LB instance uses from now on, in DIP order "
+        "(a reference plan that changes when the pool does)."
+    )
 
     @model_validator(mode="after")
     def _needs(self) -> EventSpec:
         need = {"capacity": "speed", "errors": "probability", "traffic": "factor", "pin": "weight",
-                "dry_run": "enabled", "apply_fail": "count"}.get(self.kind)
+                "dry_run": "enabled", "apply_fail": "count", "weights": "weights"}.get(self.kind)
         if need is not None and getattr(self, need) is None:
             raise ValueError(f"event kind {self.kind!r} at {self.at} needs field {need!r}")
         if self.kind in ("fail", "restart", "capacity", "errors", *OPERATOR_DIP_EVENTS) and not self.dips:
@@ -326,6 +330,9 @@ class Scenario(_Frozen):
             raise ValueError(f"DIP names must be unique (got {names})")
         for e in self.events:
             self.resolve(e.dips)
+            if e.weights is not None and (len(e.weights) != len(names) or min(e.weights) < 0 or sum(e.weights) <= 0):
+                raise ValueError(f"event 'weights' at {e.at} needs {len(names)} weights >= 0, not all 0 "
+                                 f"(got {list(e.weights)})")
         for s in self.network.spikes:
             self.resolve(s.dips)
         return self

@@ -1,0 +1,99 @@
+"""`klb bench robustness`: KnapsackLB with its defaults against an operator's choices on random pools."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from knapsack_lb.lab.bench.robustness import PoolReport
+
+QUICK_POOLS, QUICK_DURATION = 6, 420.0
+
+
+def bench_robustness_command(
+    pools: int = typer.Option(40, min=1, max=1000, help="Pools to generate."),
+    seed: int = typer.Option(1, help="Seed of the pool set (pool i of seed s is always the same pool)."),
+    quick: bool = typer.Option(False, help=f"{QUICK_POOLS} pools of {QUICK_DURATION:.0f} s: a smoke run."),
+    engine: str = typer.Option("sim", help="sim (discrete events, every policy) or fluid (fast, M/M/c, "
+                               "static baselines only)."),
+    duration: float = typer.Option(None, help="Simulated seconds per run (default: the generator's 600)."),
+    workers: int = typer.Option(None, min=1, help="Processes (default: the CPUs)."),
+    save_specs: Path = typer.Option(None, "--save-specs", help="Write each pool's scenario YAML here."),
+    plot: Path = typer.Option(Path("robustness.png"), help="PNG: ratios per pool (sorted) and their CDFs."),
+    as_json: bool = typer.Option(False, "--json", help="Print every pool's numbers as JSON on stdout."),
+) -> None:
+    """Run the gauge: every pool, every policy, same seed; a table, a PNG and optionally JSON."""
+    from knapsack_lb.lab.bench import robustness as gauge
+
+    if engine not in ("sim", "fluid"):
+        raise typer.BadParameter(f"engine must be 'sim' or 'fluid' (got {engine!r})", param_hint="--engine")
+    chosen: Literal["sim", "fluid"] = "fluid" if engine == "fluid" else "sim"
+    count = QUICK_POOLS if quick else pools
+    gen = gauge.PoolGenerator(duration=duration or (QUICK_DURATION if quick else gauge.PoolGenerator().duration))
+    pool_set = [gauge.generate_pool(i, seed, gen) for i in range(count)]
+    if save_specs is not None:
+        gauge.save_specs(pool_set, save_specs)
+    labels = gauge.FLUID_POLICIES if chosen == "fluid" else (*gauge.BASELINES, "oracle", "knapsack")
+    err = Console(stderr=True)
+    with Progress(TextColumn("robustness"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err) as progress:
+        task = progress.add_task("runs", total=len(pool_set) * len(labels))
+        reports = gauge.run_gauge(pool_set, chosen, workers, on_done=lambda _: progress.advance(task))
+    gauge.plot(reports, plot)
+    result = gauge.report_json(reports, chosen, seed)
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2, allow_nan=False) + "\n")
+        return
+    Console().print(_table(reports))
+    Console().print(_summary_table(result["summary"]))
+    err.print(f"plot: {plot}")
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def _table(reports: list[PoolReport]) -> Table:
+    table = Table(title="KnapsackLB (defaults) per pool: steady-window mean latency (ms)")
+    for col in ("pool", "RR", "LC", "P2C", "WRR vCPU", "WLC vCPU", "oracle", "KLB", "KLB/best", "KLB/oracle",
+                "solved at (s)", "max util"):
+        table.add_column(col, justify="right" if col != "pool" else "left")
+    for r in reports:
+        o = r.outcomes
+        k = o["knapsack"]
+        table.add_row(r.pool.describe(), *(_fmt(o[x].steady_mean_ms, 1) if x in o else "-" for x in
+                                          ("round_robin", "least_connections", "power_of_two", "wrr_vcpu",
+                                           "wlc_vcpu", "oracle", "knapsack")),
+                      _fmt(r.ratio("best")), _fmt(r.ratio("oracle")), _fmt(k.first_solved_s, 0),
+                      _fmt(k.max_utilisation_after))
+    return table
+
+
+def _summary_table(summary: dict[str, Any]) -> Table:
+    table = Table(title=f"over {summary['pools']} pools")
+    table.add_column("measure")
+    for col in ("median", "p90", "worst"):
+        table.add_column(col, justify="right")
+    for key in ("steady_vs_best_baseline", "steady_vs_oracle", "whole_run_vs_best_baseline", "whole_run_vs_oracle",
+                "first_solved_s", "max_utilisation_after_solved", "probe_share"):
+        d = summary[key]
+        table.add_row(key.replace("_", " "), _fmt(d["median"]), _fmt(d["p90"]), _fmt(d["worst"]))
+    for key in ("worse_than_least_connections", "worse_than_least_connections_by_5pct", "worse_than_vcpu_weights",
+                "worse_than_vcpu_weights_by_5pct", "never_solved"):
+        if key in summary:
+            table.add_row(key.replace("_", " ") + " (pools)", str(summary[key]), "", "")
+    return table
+
+
+def register(app: typer.Typer, bench_app: typer.Typer) -> None:
+    """Add this module's benchmark to ``bench_app``."""
+    bench_app.command("robustness")(bench_robustness_command)
