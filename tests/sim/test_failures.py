@@ -117,3 +117,18 @@ def test_restart_brings_a_dip_back_after_health_checks() -> None:
     util = np.array(result.series["utilization"])
     assert util[8:14, 1].max() == 0.0
     assert util[18:28, 1].mean() > 0.5 * util[18:28, 0].mean()
+
+
+def test_a_weights_event_moves_every_lb_to_the_new_plan() -> None:
+    sc = parse_scenario({
+        "duration": 40.0, "service": {"kind": "exponential", "mean": 0.01},
+        "dips": [{"name": "a", "workers": 2}, {"name": "b", "workers": 2}],
+        "clients": {"kind": "open", "rate": 100.0}, "lb": {"instances": 2},
+        "events": [{"at": 20.0, "kind": "weights", "weights": [1.0, 0.0]}],
+    })
+    result = run(sc, "weighted_round_robin", seed=3)
+    assert result.ok > 3000
+    before, after = result.series["weights"][1], result.series["weights"][-1]  # LB 0's weights per window
+    assert before == [1.0, 1.0] and after == [1.0, 0.0]
+    with pytest.raises(Exception, match="needs 2 weights"):
+        parse_scenario({**sc.model_dump(), "events": [{"at": 1.0, "kind": "weights", "weights": [1.0]}]})

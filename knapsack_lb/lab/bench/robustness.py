@@ -452,6 +452,8 @@ class PoolReport:
         """KnapsackLB's mean latency over ``other``'s (best baseline: ``"best"``)."""
         key = "steady_mean_ms" if steady else "mean_ms"
         mine = getattr(self.outcomes["knapsack"], key)
+        if not math.isfinite(mine):  # no request succeeded in the window: as bad as it gets
+            return math.inf
         if other == "best":
             theirs = min(getattr(self.outcomes[b], key) for b in BASELINES if b in self.outcomes)
         else:
@@ -466,10 +468,12 @@ class PoolReport:
 
 
 def distribution(values: Iterable[float]) -> dict[str, float]:
-    arr = np.array([v for v in values if math.isfinite(v)])
+    """Median, p90 and worst (nearest rank, so an infinite ratio stays infinite); NaN is left out."""
+    arr = np.array([v for v in values if not math.isnan(v)])
     if arr.size == 0:
         return {"median": math.nan, "p90": math.nan, "worst": math.nan}
-    return {"median": float(np.median(arr)), "p90": float(np.percentile(arr, 90)), "worst": float(arr.max())}
+    return {"median": float(np.percentile(arr, 50, method="nearest")),
+            "p90": float(np.percentile(arr, 90, method="nearest")), "worst": float(arr.max())}
 
 
 def summarise(reports: Sequence[PoolReport]) -> dict[str, Any]:
@@ -497,8 +501,7 @@ def summarise(reports: Sequence[PoolReport]) -> dict[str, Any]:
 
 def worst_pools(reports: Sequence[PoolReport], count: int = 4) -> list[PoolReport]:
     """The pools where KnapsackLB's steady mean is furthest above the best baseline."""
-    ranked = sorted(reports, key=lambda r: -r.ratio("best") if math.isfinite(r.ratio("best")) else -math.inf)
-    return ranked[:count]
+    return sorted(reports, key=lambda r: -r.ratio("best"))[:count]
 
 
 def run_gauge(pools: Sequence[Pool], engine: Literal["sim", "fluid"] = "sim", workers: int | None = None,
