@@ -98,6 +98,9 @@ class PoolDip:
     speed: float  # after its noisy neighbour
     speed_after: float  # after the event (0 = failed)
 
+    def speed_in(self, after_event: bool) -> float:
+        return self.speed_after if after_event else self.speed
+
 
 @dataclass(frozen=True)
 class Pool:
@@ -121,6 +124,10 @@ class Pool:
     @property
     def capacity(self) -> float:
         return sum(d.vcpus * d.speed for d in self.dips) / self.mean_service
+
+    def rate(self, after_event: bool) -> float:
+        """Offered requests/s before or after the event."""
+        return self.rate_after if after_event else self.offered_rate
 
     def capacity_after(self) -> float:
         return sum(d.vcpus * d.speed_after for d in self.dips) / self.mean_service
@@ -242,10 +249,10 @@ def true_latency(vcpus: int, speed: float, mean_service: float, cv2: float, disc
 
 def oracle_plan(pool: Pool, after_event: bool = False, points: int = 48) -> dict[str, float]:
     """The project's exact solver on each live DIP's true curve (mean objective)."""
-    rate = pool.rate_after if after_event else pool.offered_rate
+    rate = pool.rate(after_event)
     inputs = []
     for d in pool.dips:
-        speed = d.speed_after if after_event else d.speed
+        speed = d.speed_in(after_event)
         if speed <= 0:
             continue
         cap = ORACLE_MAX_UTILISATION * d.vcpus * speed / pool.mean_service / rate
@@ -259,41 +266,41 @@ def oracle_plan(pool: Pool, after_event: bool = False, points: int = 48) -> dict
 
 def plan_latency(pool: Pool, weights: Mapping[str, float], after_event: bool = False) -> float:
     """True mean latency of a split (``inf`` if it overloads a DIP)."""
-    rate = pool.rate_after if after_event else pool.offered_rate
+    rate = pool.rate(after_event)
     total = sum(weights.values())
     out = 0.0
     for d in pool.dips:
         w = weights.get(d.name, 0.0) / total
         if w > 0:
-            speed = d.speed_after if after_event else d.speed
+            speed = d.speed_in(after_event)
             out += w * true_latency(d.vcpus, speed, pool.mean_service, pool.service_cv2, pool.discipline, w * rate)
     return out
 
 
 # --- the runs -----------------------------------------------------------------------------------------
-def policy_runs(pool: Pool) -> dict[str, tuple[Scenario, PolicySpec]]:
-    """Every policy of the gauge on this pool: label -> (scenario, policy)."""
+def policy_run(pool: Pool, label: str) -> tuple[Scenario, PolicySpec]:
+    """One policy of the gauge on this pool (a label of ``BASELINES``, ``oracle`` or ``knapsack``):
+    the scenario it runs on and its spec. Only the oracle calls the solver."""
     sc = pool.scenario
     checked = {"health_check": {"interval": 2.0, "timeout": 1.0}}
-    vcpu = sc  # the scenario's configured weights are the vCPU counts
+    if label in ("wrr_vcpu", "wlc_vcpu"):  # the scenario's configured weights are the vCPU counts
+        name = "weighted_round_robin" if label == "wrr_vcpu" else "weighted_least_connections"
+        return sc, PolicySpec.model_validate({"name": name, "label": label, **checked})
+    if label == "oracle":
+        weighted = "weighted_round_robin" if pool.layer == 4 else "weighted_least_connections"
+        before = oracle_plan(pool)
+        events = [e.model_dump() for e in sc.events]
+        if sc.events:
+            after = oracle_plan(pool, after_event=True)
+            events.append({"at": sc.events[0].at, "kind": "weights", "weights": [after[g.name] for g in sc.dips]})
+        oracle = sc.with_changes(dips=[{**g.model_dump(), "weight": before[g.name]} for g in sc.dips], events=events)
+        return oracle, PolicySpec(name=weighted, label="oracle")
+    if label not in (*BASELINES, "knapsack"):
+        raise ValueError(f"unknown gauge policy {label!r} (known: {', '.join((*BASELINES, 'oracle', 'knapsack'))})")
     equal = sc.with_changes(dips=[{**g.model_dump(), "weight": 1.0} for g in sc.dips])
-    weighted = "weighted_round_robin" if pool.layer == 4 else "weighted_least_connections"
-    before = oracle_plan(pool)
-    oracle_dips = [{**g.model_dump(), "weight": before[g.name]} for g in sc.dips]
-    oracle_events = [e.model_dump() for e in sc.events]
-    if sc.events:
-        after = oracle_plan(pool, after_event=True)
-        oracle_events.append({"at": sc.events[0].at, "kind": "weights", "weights": [after[g.name] for g in sc.dips]})
-    oracle = sc.with_changes(dips=oracle_dips, events=oracle_events)
-    return {
-        "round_robin": (equal, PolicySpec.model_validate({"name": "round_robin", **checked})),
-        "least_connections": (equal, PolicySpec.model_validate({"name": "least_connections", **checked})),
-        "power_of_two": (equal, PolicySpec.model_validate({"name": "power_of_two", **checked})),
-        "wrr_vcpu": (vcpu, PolicySpec.model_validate({"name": "weighted_round_robin", **checked})),
-        "wlc_vcpu": (vcpu, PolicySpec.model_validate({"name": "weighted_least_connections", **checked})),
-        "oracle": (oracle, PolicySpec(name=weighted, label="oracle")),
-        "knapsack": (equal, PolicySpec(name="knapsack")),
-    }
+    if label == "knapsack":
+        return equal, PolicySpec(name="knapsack")
+    return equal, PolicySpec.model_validate({"name": label, **checked})
 
 
 @dataclass(frozen=True)
@@ -333,11 +340,11 @@ def _window(series: Mapping[str, Any], since: float) -> tuple[float, float, floa
 
 def _true_utilisation(pool: Pool, weights: Mapping[str, float], t: float) -> float:
     after = bool(pool.scenario.events) and t >= pool.scenario.events[0].at
-    rate = pool.rate_after if after else pool.offered_rate
+    rate = pool.rate(after)
     total = sum(weights.values()) or 1.0
     worst = 0.0
     for d in pool.dips:
-        speed = d.speed_after if after else d.speed
+        speed = d.speed_in(after)
         share = weights.get(d.name, 0.0) / total
         if share <= 0:
             continue
@@ -349,7 +356,7 @@ def run_one(pool: Pool, label: str) -> Outcome:
     """One policy on one pool in the discrete-event simulator."""
     from knapsack_lb.sim.simulation import run
 
-    scenario, spec = policy_runs(pool)[label]
+    scenario, spec = policy_run(pool, label)
     result = run(scenario, spec, scenario.seed)
     steady_from = scenario.duration * (1 - STEADY_SHARE)
     mean, p99, errors = _window(result.series, 0.0)
@@ -535,14 +542,13 @@ def save_specs(pools: Sequence[Pool], directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for pool in pools:
-        runs = policy_runs(pool)
         data = pool.scenario.model_dump(mode="json", exclude_defaults=True)
         data["description"] = pool.describe() + (
             "; configured weights are the vCPU counts (wrr_vcpu, wlc_vcpu); round robin, least connections and "
             "power of two ignore them; the oracle plan: " +
             ", ".join(f"{n}={w:.4f}" for n, w in oracle_plan(pool).items()))
-        data["policies"] = [runs[label][1].model_dump(mode="json", exclude_defaults=True) | {"label": label}
-                            for label in (*BASELINES, "knapsack")]
+        data["policies"] = [policy_run(pool, label)[1].model_dump(mode="json", exclude_defaults=True)
+                            | {"label": label} for label in (*BASELINES, "knapsack")]
         path = directory / f"{pool.scenario.name}.yaml"
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         paths.append(path)
