@@ -33,6 +33,10 @@ class InvalidInputError(KnapsackLBError, ValueError):
         where = f"DIP {dip!r}, field {field!r}" if dip is not None else f"field {field!r}"
         super().__init__(f"{where}: {problem} (got {short_repr(value)})")
 
+    def __reduce__(self) -> tuple[type[InvalidInputError], tuple[str, object, str, str | None]]:
+        """Pickled with its fields, so it crosses process pools (the benches' workers) intact."""
+        return (type(self), (self.field, self.value, self.problem, self.dip))
+
 
 class InfeasibleError(KnapsackLBError):
     """The constraints admit no plan; the message carries the numbers that show why."""
@@ -52,6 +56,9 @@ class StalePlanError(KnapsackLBError):
     plan (it took the VIP over), so this writer is stale and must not push its plan."""
 
     def __init__(self, vip: str, version: int, stored: int) -> None:
-        super().__init__(f"VIP {vip!r}: plan v{version} is stale, the store holds v{stored}")
         self.vip, self.version, self.stored = vip, version, stored
+        super().__init__(f"VIP {vip!r}: plan v{version} is stale, the store holds v{stored}")
+
+    def __reduce__(self) -> tuple[type[StalePlanError], tuple[str, int, int]]:
+        return (type(self), (self.vip, self.version, self.stored))
 
