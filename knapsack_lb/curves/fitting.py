@@ -101,7 +101,7 @@ def fit_curve(
     upper = max(w_max or 0.0, top, drop[0] if drop else 0.0)
     models = curve_models()
     if model == "auto":
-        candidates = list(models)  # in order of preference
+        candidates = [m for m in models if getattr(models[m], "auto", True)]  # in order of preference
         errors = {m: leave_one_out_error(m, ws, ls, upper, drop) for m in candidates}
         if all(errors[m] is not None for m in candidates):
             order = sorted(candidates, key=lambda m: (errors[m], candidates.index(m)))

@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from knapsack_lb.curves import LatencyCurve, QuadraticCurve, QueueingCurve
+from knapsack_lb.curves.utilisation import UtilisationCurve
 from knapsack_lb.errors import InfeasibleError, InvalidInputError
 from knapsack_lb.solver.inputs import Columns, DipInput, check_feasible
 
@@ -86,6 +87,11 @@ class CurveTable:
         self.has_queue = bool((self.q != 0).any())
         # a finite stand-in for "no saturation" keeps the marginal-cost formula free of inf*0
         self.s_finite = np.where(np.isinf(self.s), 1e300, self.s)
+        # the learner's utilisation curves are "generic" for the closed forms, but evaluated in one expression
+        self.is_utilisation = np.array([isinstance(c, UtilisationCurve) for c in self.curves], dtype=bool)
+        self.u_s = np.array([c.s if isinstance(c, UtilisationCurve) else 1.0 for c in self.curves])
+        self.u_c = np.array([c.c if isinstance(c, UtilisationCurve) else 1.0 for c in self.curves])
+        self.u_k = np.array([c.k if isinstance(c, UtilisationCurve) else 1.0 for c in self.curves])
 
     def marginal(self, objective: str, idx: IntArray, w: FloatArray, unit: float) -> FloatArray | None:
         """Cost of one more unit at weight ``w`` (``cost(w + unit) - cost(w)``) in closed form, or None.
@@ -125,7 +131,13 @@ class CurveTable:
         plain = ~mask
         if plain.any():
             out[plain] = self._analytic(idx[plain], w[plain])
-        for d in np.unique(idx[mask]):
+        util = self.is_utilisation[idx]
+        if util.any():
+            i = idx[util]
+            rho = np.clip(w[util], 0.0, None) / self.u_c[i]
+            with np.errstate(divide="ignore", over="ignore"):
+                out[util] = np.where(rho < 1.0, self.u_s[i] / (1.0 - rho ** self.u_k[i]), np.inf)
+        for d in np.unique(idx[mask & ~util]):
             sel = idx == d
             out[sel] = np.asarray(self.curves[int(d)].latencies(w[sel]), dtype=np.float64)
         return out
