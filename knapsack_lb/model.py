@@ -55,6 +55,7 @@ class PlanFlag(StrEnum):
     OVER_CAPACITY = "over-capacity"  # the DIPs' estimated capacities do not cover the VIP
     SLOW_START = "slow-start"  # a returning or new DIP is ramping up
     NO_LIVE_DIP = "no-live-dip"  # every DIP failed, ejected or drained: the last plan is kept
+    ROLLED_BACK = "rolled-back"  # the plan before measured better than the newest: restored
 
 
 E = TypeVar("E", bound=StrEnum)
@@ -178,6 +179,8 @@ class Measurement:
     failure_latency_mean: float | None
     worker: str
     latency_std: float | None = None  # sample standard deviation of the successes (the round's own spread)
+    share: float | None = None  # the DIP's share of the VIP's requests over the round, from the LB's counters
+
 
     def __post_init__(self) -> None:
         validate_name("vip", self.vip)
@@ -190,6 +193,8 @@ class Measurement:
             raise InvalidInputError(
                 "sent", self.sent, "must equal successes + errors + timeouts", dip=self.dip
             )
+        if self.share is not None and not (math.isfinite(self.share) and 0.0 <= self.share <= 1.0):
+            raise InvalidInputError("share", self.share, "must be a fraction in [0, 1]", dip=self.dip)
 
     @property
     def failures(self) -> int:
@@ -231,6 +236,7 @@ class Measurement:
             failure_latency_mean=opt("failure_latency_mean"),
             worker=str(data.get("worker", "")),
             latency_std=opt("latency_std"),
+            share=opt("share"),
         )
 
 

@@ -55,9 +55,11 @@ def sample_std(values: list[float], mean: float) -> float | None:
     return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
-def summarise(samples: RoundSamples, *, vip: str, dip: str, time: float, weight: float, worker: str) -> Measurement:
+def summarise(samples: RoundSamples, *, vip: str, dip: str, time: float, weight: float, worker: str,
+              share: float | None = None) -> Measurement:
     """One round as a :class:`Measurement`: mean, nearest-rank percentiles and standard deviation of
-    the successes, counts of errors and timeouts, and the mean latency of the failures."""
+    the successes, counts of errors and timeouts, and the mean latency of the failures; ``share`` is
+    the DIP's share of the VIP's requests over the round when the LB's counters tell it."""
     ok = sorted(samples.success_latencies)
     mean = math.fsum(ok) / len(ok) if ok else None
     return Measurement(
@@ -70,4 +72,5 @@ def summarise(samples: RoundSamples, *, vip: str, dip: str, time: float, weight:
         ),
         worker=worker,
         latency_std=None if mean is None else sample_std(ok, mean),
+        share=share,
     )

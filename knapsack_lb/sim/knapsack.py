@@ -4,6 +4,9 @@ Every ``ControllerSettings.interval`` (5 s, section 5) a probe round runs agains
 KLM sends ``knapsack.probe_requests`` requests straight to each DIP, bypassing the LB (section 3.2),
 spread over the latter ``probe_window`` part of the interval (so a round sees the weights in effect,
 not the transition from the last change; at layer 4 old connections keep their DIP, section 4.7).
+Each round also carries the DIP's share of the VIP's requests over the interval, as an LB's own
+per-server counters tell it (HAProxy's ``show stat``): at layer 4 it lags the weights by the
+connections' lifetimes.
 The probe requests are real requests: they queue and are served like client traffic. At the end of
 the interval the round is summarised by the live probes' own function (:func:`knapsack_lb.rounds.summarise`)
 and the one :class:`~knapsack_lb.loop.ControlLoop` ticks: the controller steps, and a plan goes to a
@@ -64,6 +67,7 @@ class SimKlm:
         self.probe_timeout = spec.probe_timeout
         self.probe_window = spec.probe_window
         self.round: list[list[Outcome]] = [[] for _ in sim.names]
+        self.served = list(sim.recorder.served)  # the LB's per-DIP request counters at the round's start
 
     def schedule(self, start: float) -> None:
         begin = start + self.interval * (1.0 - self.probe_window)
@@ -83,6 +87,10 @@ class SimKlm:
         """The round that just ended, per DIP that was probed."""
         carried = self.carried()
         equal = 1.0 / len(self.sim.names)
+        served = list(self.sim.recorder.served)
+        delta = [b - a for a, b in zip(self.served, served, strict=True)]
+        self.served = served
+        total = sum(delta)
         out = {}
         for dip, outcomes in enumerate(self.round):
             if not outcomes:
@@ -97,7 +105,8 @@ class SimKlm:
                     samples.add_error(o.status, o.latency)
             name = self.sim.names[dip]
             out[name] = summarise(samples, vip=self.vip, dip=name, time=now,
-                                  weight=carried.get(name, equal) if carried else equal, worker="sim-klm")
+                                  weight=carried.get(name, equal) if carried else equal, worker="sim-klm",
+                                  share=delta[dip] / total if total > 0 else None)
         self.round = [[] for _ in self.sim.names]
         return out
 
