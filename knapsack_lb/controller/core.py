@@ -18,15 +18,20 @@ One step:
 3. Failures (section 4.5): no successful probe for ``dynamics.failure_rounds`` rounds removes the DIP;
    a successful probe brings it back (slow start if its curve is kept).
 4. The relative circuit breaker (ELS blog) ejects DIPs much worse than the pool.
-5. Measuring DIPs advance Algorithm 1 (section 4.3) when their round was taken at the
-   scheduled weight; a finished DIP gets its curve fitted (section 4.2).
-6. Ready DIPs feed the change detector (section 4.5): a traffic change shifts every curve,
-   a capacity change rescales one; remeasure requests and periodic refresh (within the 5 %
+5. Learning. By default (``learning.method: estimate``) every trusted round is evidence: each
+   DIP's curve and cap are refitted from its rounds with their standard errors, a round off the
+   curve beyond its confidence bound forgets the DIP's older rounds, and the guard measures the
+   plan in force (:mod:`~knapsack_lb.controller.estimation`, :mod:`~knapsack_lb.controller.guard`).
+   With ``algorithm1`` (the paper): measuring DIPs advance Algorithm 1 (section 4.3) when their
+   round was taken at the scheduled weight, a finished DIP gets its curve fitted (section 4.2),
+   ready DIPs feed the change detector (section 4.5: a traffic change shifts every curve, a
+   capacity change rescales one), and remeasure requests and periodic refresh (within the 5 %
    budget) send curves back to measurement.
-7. The plan: while any DIP measures, a measurement round is scheduled (section 4.6) and held
-   until its rounds are in; otherwise the solver runs on the curves and the safety rails
-   shape the result. Solver failure keeps the last good plan; no live DIP keeps the last plan
-   (never an all-zero plan); sum of ``w_max`` below 1 spreads traffic by capacity (flagged).
+6. The plan: while any DIP measures (Algorithm 1), a measurement round is scheduled (section 4.6)
+   and held until its rounds are in; a plan the guard found worse than the one before is rolled
+   back; otherwise the solver runs on the curves and the safety rails shape the result. Solver
+   failure keeps the last good plan; no live DIP keeps the last plan (never an all-zero plan);
+   caps that do not cover the VIP spread traffic by capacity (flagged).
 
 Every plan says why (``reasons``: events, curve models, method) and how (``method``).
 """
@@ -48,6 +53,8 @@ from knapsack_lb.controller.dynamics import (
     refresh_candidates,
     round_noise,
 )
+from knapsack_lb.controller.estimation import Estimate, changed, estimate, pool_prior, round_evidence
+from knapsack_lb.controller.guard import PlanGuard
 from knapsack_lb.controller.measurement import DipMeasurement
 from knapsack_lb.controller.rails import apply_rails, capacity_proportional
 from knapsack_lb.controller.scheduling import MeasurementRequest, schedule_round
@@ -65,6 +72,14 @@ PLAN_CHANGE_EPSILON = 1e-4
 # least this share of the DIPs is finished and observed, so a refresh of one DIP does not hide a traffic
 # change for the minute it takes.
 POOL_WHILE_MEASURING = 0.8
+# The learner: a DIP whose latency has not risen at any weight seen may take this share of an equal split
+# (a new DIP, or one cut to the minimum weight): small enough for the smallest DIP of a mixed pool.
+START_SHARE = 0.25
+# The learner refits every round: a new plan that moves no weight by this much (about half of HAProxy's
+# 1/256 weight step) is not sent; the LB keeps the last one.
+LEARNED_CHANGE = 0.002
+# The guard restores the previous plan when the new one measures this much worse, beyond noise.
+GUARD_THRESHOLD = 0.05
 
 
 @dataclass(frozen=True)
@@ -80,9 +95,9 @@ class SolveRequest:
     time_limit: float
 
 
-def _same_weights(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
-    """The same DIPs, no weight moved by ``PLAN_CHANGE_EPSILON`` or more."""
-    return set(a) == set(b) and max((abs(a[n] - b[n]) for n in b), default=0.0) < PLAN_CHANGE_EPSILON
+def _same_weights(a: Mapping[str, float], b: Mapping[str, float], epsilon: float = PLAN_CHANGE_EPSILON) -> bool:
+    """The same DIPs, no weight moved by ``epsilon`` or more."""
+    return set(a) == set(b) and max((abs(a[n] - b[n]) for n in b), default=0.0) < epsilon
 
 
 @dataclass(frozen=True)
@@ -140,6 +155,7 @@ class VipController:
         self.measurement_rounds = 0
         self.detector = ChangeDetector(self.settings)
         self.breaker = RelativeCircuitBreaker(self.settings.breaker)
+        self.guard = PlanGuard()
         self.events_log: list[tuple[float, str]] = []
         self._pending_reasons: list[str] = []
         self._curves_changed = True
@@ -149,6 +165,10 @@ class VipController:
         self._sync(list(dips), now=0.0)
 
     # --- public ----------------------------------------------------------------------------
+    @property
+    def _estimating(self) -> bool:
+        return self.settings.learning.method == "estimate"
+
     @property
     def measuring(self) -> list[str]:
         return [d.name for d in self.dips.values() if d.measuring is not None and not d.failed]
@@ -178,11 +198,14 @@ class VipController:
         trusted = self._trusted(now, observations)
         reasons += self._failures(now, trusted)
         reasons += self._breaker(now, trusted)
-        measured = {n for n in trusted if n in self.dips and self.dips[n].measuring is not None}
-        reasons += self._advance_measurements(now, trusted)
-        # a round that served a measurement (even its last one) is not also a verdict on the new curve
-        reasons += self._dynamics(now, {n: m for n, m in trusted.items() if n not in measured})
-        reasons += self._refresh(now, set(remeasure))
+        if self._estimating:
+            reasons += self._learn(now, trusted, set(remeasure))
+        else:
+            measured = {n for n in trusted if n in self.dips and self.dips[n].measuring is not None}
+            reasons += self._advance_measurements(now, trusted)
+            # a round that served a measurement (even its last one) is not also a verdict on the new curve
+            reasons += self._dynamics(now, {n: m for n, m in trusted.items() if n not in measured})
+            reasons += self._refresh(now, set(remeasure))
         plan = self._plan(now, config, reasons)
         for reason in reasons:
             self.events_log.append((now, reason))
@@ -217,7 +240,7 @@ class VipController:
             confirmed_version=self.confirmed_version, in_force=self.in_force, scheduled=self.scheduled,
             version=self.version, drain_time=self.drain_time, drain_measured_at=self.drain_measured_at,
             drain_probe=self._drain, rounds=self.rounds, measurement_rounds=self.measurement_rounds,
-            detector=self.detector.state, breaker=self.breaker.state,
+            detector=self.detector.state, breaker=self.breaker.state, guard=self.guard.state,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -241,6 +264,7 @@ class VipController:
         ctl._drain, ctl.rounds, ctl.measurement_rounds = state.drain_probe, state.rounds, state.measurement_rounds
         ctl.detector = ChangeDetector(ctl.settings, state.detector)
         ctl.breaker = RelativeCircuitBreaker(ctl.settings.breaker, state.breaker)
+        ctl.guard = PlanGuard(state.guard)
         return ctl
 
     # --- 1. DIP set -------------------------------------------------------------------------
@@ -251,6 +275,11 @@ class VipController:
         cold = not self.dips
         for name in names:
             if name not in self.dips:
+                if self._estimating:
+                    self.dips[name] = DipState(name, returned_at=None if cold else now)
+                    if not cold:
+                        reasons.append(f"new DIP {name}: learning from a small share up (slow start)")
+                    continue
                 m = DipMeasurement(name, enqueued_at=now)
                 self.dips[name] = DipState(name, measuring=m)
                 if not cold:
@@ -497,6 +526,74 @@ class VipController:
         err = "n/a" if result.error is None else f"{result.error:.3f}"
         return f"{result.model} curve (leave-one-out error {err})"
 
+    # --- 6b. learning from every round (learning.method = estimate) ------------------------------
+    def _learn(self, now: float, trusted: Mapping[str, Measurement], remeasure: set[str]) -> list[str]:
+        """Add each trusted round to its DIP's evidence and refit every DIP's curve and cap
+        (:mod:`knapsack_lb.controller.estimation`). A remeasure request, or a round that disagrees
+        with the curve beyond its confidence bound, forgets the DIP's older rounds."""
+        s = self.settings
+        z = s.learning.confidence
+        reasons = []
+        for name in sorted(remeasure):
+            if name in self.dips:
+                self.dips[name].evidence = self.dips[name].evidence[-1:]
+                reasons.append(f"remeasure requested: {name} learns afresh from its next rounds")
+        latest = {}
+        for name, m in trusted.items():
+            dip = self.dips.get(name)
+            if dip is None or dip.failed:
+                continue
+            evidence = round_evidence(m, self._weight_of(name, m))
+            if evidence is None:
+                continue
+            latest[name] = evidence
+            dip.evidence = [e for e in dip.evidence if now - e.time <= s.learning.window] + [evidence]
+            confirmations = s.dynamics.change_confirmations
+            if dip.curve is not None and dip.curve.get("kind") == "utilisation" and changed(
+                    dip.evidence, dip.curve_obj(), z=z, threshold=s.dynamics.capacity_change_threshold,
+                    failure_share=s.measurement.drop_failure_share, dispersion=dip.dispersion,
+                    confirmations=confirmations):
+                expected = dip.curve_obj().latency(evidence.weight)
+                dip.evidence = dip.evidence[-confirmations:]
+                seen = f"{evidence.mean * 1e3:.1f}ms" if evidence.n else "no successful probe"
+                reasons.append(f"change: {name} measured {seen} ({evidence.failed:.0%} failed) at weight "
+                               f"{evidence.weight:.3f}, its curve said {expected * 1e3:.1f}ms; relearning from the "
+                               f"last {confirmations} rounds")
+        if self.in_force and self.confirmed_version and latest:
+            self.guard.observe(self.confirmed_version, self.in_force, latest)
+        lowest = [min((e.mean for e in d.evidence if e.n > 0), default=math.inf) for d in self.dips.values()]
+        prior = pool_prior(lowest)
+        live = [d for d in self.dips.values() if not d.failed]
+        floor = START_SHARE / max(1, len(live))
+        for dip in live:
+            if not dip.evidence:
+                continue
+            est = estimate(dip.evidence, prior, z=z, tolerance=s.measurement.trust_tolerance,
+                           drop_factor=s.measurement.drop_latency_factor,
+                           failure_share=s.measurement.drop_failure_share, floor=floor)
+            if est is None:
+                continue
+            reasons += self._take_estimate(dip, est, now)
+        return reasons
+
+    def _take_estimate(self, dip: DipState, est: Estimate, now: float) -> list[str]:
+        """Install an estimate as the DIP's curve and cap; say so when the DIP was overloaded."""
+        cap = est.cap
+        if dip.held is not None and now < dip.held_until:
+            cap = min(cap, dip.held)  # a rollback holds it at the weight it had under the better plan
+        reasons = []
+        if est.overloaded and not dip.overloaded:
+            reasons.append(f"overload: {dip.name} at weight {dip.evidence[-1].weight:.3f}; cap now {cap:.3f}")
+        dip.overloaded, dip.dispersion = est.overloaded, est.dispersion
+        changed_cap = abs(cap - dip.w_max) > PLAN_CHANGE_EPSILON
+        dip.curve, dip.model, dip.w_max, dip.l0, dip.fitted_at = est.curve.to_dict(), "utilisation", cap, est.s, now
+        dip.points = [(e.weight, e.mean) for e in dip.evidence if e.n > 0][-self.settings.fitting.max_points:]
+        dip.fit_error = None
+        if changed_cap or reasons:
+            self._curves_changed = True
+        self._curves_version += 1
+        return reasons
+
     # --- 7. dynamics ----------------------------------------------------------------------------
     def _dynamics(self, now: float, trusted: Mapping[str, Measurement]) -> list[str]:
         if self.plan is None:
@@ -615,7 +712,39 @@ class VipController:
         measuring = [n for n in live if self.dips[n].measuring is not None and n not in pins]
         if measuring:
             return self._measurement_round(now, live, measuring, pins, reasons)
+        if self._estimating:
+            rollback = self._rollback(now, live, pins, reasons)
+            if rollback is not None:
+                return rollback
+        if (self._estimating and self.plan is not None and not reasons
+                and now < self.applied_at + self.drain_time + self.settings.loop.interval - 1e-9):
+            return None  # the last plan has not been observed yet: learn from it before moving again
         return self._solve_plan(now, config, live, pins, drained, reasons)
+
+    def _rollback(self, now: float, live: list[str], pins: Mapping[str, float],
+                  reasons: list[str]) -> WeightPlan | None:
+        """The guard (:mod:`knapsack_lb.controller.guard`): restore the previous plan when the one in force
+        measured significantly worse; the DIPs it had raised are held at their old weights for a while."""
+        s = self.settings
+        better = self.guard.verdict(s.learning.confidence, GUARD_THRESHOLD)
+        current = self.guard.state.current
+        if better is None or current is None:
+            return None
+        self.guard.forget()
+        weights = {n: better.weights.get(n, 0.0) for n in live if n not in pins}
+        mass = sum(weights.values())
+        if mass <= 0:
+            return None
+        free = 1.0 - sum(w for n, w in pins.items() if n in live)
+        weights = {n: w / mass * free for n, w in weights.items()}
+        for name, w in weights.items():
+            if current.weights.get(name, 0.0) > w:
+                self.dips[name].held, self.dips[name].held_until = w, now + s.learning.window / 2
+        weights.update({n: w for n, w in pins.items() if n in live})
+        note = (f"guard: plan v{current.version} measured {current.mean * 1e3:.1f}ms, v{better.version} "
+                f"{better.mean * 1e3:.1f}ms (+-{2 * math.sqrt(current.variance + better.variance) * 1e3:.1f}); "
+                f"restored v{better.version}'s weights")
+        return self._emit(weights, now, PlanMethod.KEPT, [*reasons, note], flags=(PlanFlag.ROLLED_BACK,), force=True)
 
     def _emit(self, weights: Mapping[str, float], now: float, method: PlanMethod, reasons: Sequence[str],
               predicted: Mapping[str, float] | None = None, objective: float = math.nan,
@@ -726,7 +855,8 @@ class VipController:
         return ramp
 
     def _hold_ramps(self, names: list[str], total: float, pins: Mapping[str, float], objective: str,
-                    solved: Mapping[str, float], ramp: Mapping[str, float]) -> dict[str, float]:
+                    solved: Mapping[str, float], ramp: Mapping[str, float],
+                    limits: Mapping[str, float] | None = None) -> dict[str, float]:
         """Slow start through the solver: a returning DIP whose ``solved`` share exceeds its ``ramp``
         cap (:meth:`_ramp_caps` of that solution) is pinned at the cap and the solver places the rest,
         so every other DIP stays within its curve's cap (``w_max``); handing the excess out in
@@ -735,7 +865,7 @@ class VipController:
         over = {n: cap for n, cap in ramp.items() if solved.get(n, 0.0) > cap and n not in pins}
         if not over:
             return dict(solved)
-        return dict(self._solve(names, total, {**pins, **over}, objective).weights)
+        return dict(self._solve(names, total, {**pins, **over}, objective, limits).weights)
 
     def _slow_start_measurement(self, now: float, weights: dict[str, float], scheduled: Mapping[str, float],
                                 live: Sequence[str]) -> None:
@@ -766,19 +896,24 @@ class VipController:
             return max(m.w_max, 0.5 * m.w_drop)
         return max(m.w_max, equal)
 
-    def _solve(self, names: list[str], total: float, pins: Mapping[str, float], objective: str) -> SolveResult:
-        """The solver on ``names``' curves (caps ``w_max``), their weights summing to ``total``."""
+    def _solve(self, names: list[str], total: float, pins: Mapping[str, float], objective: str,
+               limits: Mapping[str, float] | None = None) -> SolveResult:
+        """The solver on ``names``' curves (caps ``w_max``, or ``limits``), their weights summing to ``total``."""
         s = self.settings
         entries = []
         for name in names:
             dip = self.dips[name]
             curve = dip.curve_obj()
-            cap = dip.w_max * (1 - s.rails.overload_headroom)
+            cap = (dip.w_max if limits is None else limits[name]) * (1 - s.rails.overload_headroom)
             cap = min(cap, curve.upper_bound * (1 - 1e-3))  # infinite from there on: stay below it
             entries.append((name, curve, cap, 0.0, pins.get(name)))
         request = SolveRequest(tuple(entries), total, objective, s.solver.method, s.solver.levels, s.solver.units,
                                s.solver.time_limit)
         return self.solver(request)
+
+    def _limit(self, name: str, cap: float) -> float:
+        """The most the solver can give a DIP: ``cap``, below its curve's asymptote."""
+        return min(cap, self.dips[name].curve_obj().upper_bound * (1 - 1e-3))
 
     def _solve_plan(
         self, now: float, config: VipConfig | None, live: list[str], pins: Mapping[str, float], drained: set[str],
@@ -791,10 +926,18 @@ class VipController:
         flags: list[PlanFlag] = []
         fixed: dict[str, float] = {n: 0.0 for n in self.dips if n not in live}
         fixed.update({n: w for n, w in pins.items() if n in self.dips})
-        cap_sum = sum(
-            pins[n] if n in pins else self.dips[n].w_max * (1 - s.rails.overload_headroom) for n in ready
-        )
+        limits = {n: self._limit(n, self.dips[n].w_max) for n in ready}
+        cap_sum = sum(pins[n] if n in pins else limits[n] * (1 - s.rails.overload_headroom) for n in ready)
         free_total = 1.0 - sum(w for n, w in pins.items() if n in self.dips and n not in ready)
+        if self._estimating and ready and cap_sum < free_total - 1e-9:
+            # the pool needs more than the DIPs' safe bounds: every bound stretched by the same factor
+            stretch = (free_total - sum(pins.get(n, 0.0) for n in ready)) / max(cap_sum - sum(
+                pins.get(n, 0.0) for n in ready), 1e-12) * (1 + 1e-3)
+            limits = {n: self._limit(n, w * stretch) for n, w in limits.items()}
+            if self._curves_changed:
+                reasons = [*reasons, f"safe bounds sum to {cap_sum:.3f} < {free_total:.3f}: each stretched "
+                           f"x{stretch:.3f}"]
+            cap_sum = sum(pins[n] if n in pins else limits[n] * (1 - s.rails.overload_headroom) for n in ready)
         method = ""
         predicted: dict[str, float] = {}
         objective_value = math.nan
@@ -804,7 +947,7 @@ class VipController:
             method = PlanMethod.EQUAL_SPLIT
             reasons = [*reasons, "no curve is usable yet: equal split over live DIPs"]
         elif cap_sum < free_total - 1e-9:
-            solved = capacity_proportional({n: self.dips[n].w_max for n in ready})
+            solved = capacity_proportional(limits)
             method = PlanMethod.CAPACITY_PROPORTIONAL
             flags.append(PlanFlag.OVER_CAPACITY)
             reasons = [*reasons, f"over capacity: the DIPs' w_max sum to {cap_sum:.3f} < {free_total:.3f}; traffic "
@@ -815,7 +958,7 @@ class VipController:
                 if self._solve_cache is not None and self._solve_cache[0] == key:
                     result = self._solve_cache[1]
                 else:
-                    result = self._solve(ready, free_total, pins, objective)
+                    result = self._solve(ready, free_total, pins, objective, limits)
                     self._solve_cache = (key, result)
                 solved, predicted, objective_value = result.weights, result.predicted_latency, result.objective
                 method, seconds = result.method, result.seconds
@@ -838,7 +981,7 @@ class VipController:
         if method not in (PlanMethod.EQUAL_SPLIT, PlanMethod.CAPACITY_PROPORTIONAL, PlanMethod.KEPT):
             ramp = self._ramp_caps(now, solved, ready)
             try:
-                solved = self._hold_ramps(ready, free_total, pins, objective, solved, ramp)
+                solved = self._hold_ramps(ready, free_total, pins, objective, solved, ramp, limits)
             except (KnapsackLBError, ValueError, ArithmeticError):
                 # the others' w_max cannot carry what the ramps hold back: over capacity until they are up
                 held = {n: min(solved.get(n, 0.0), cap) for n, cap in ramp.items()}
@@ -861,10 +1004,15 @@ class VipController:
                     and now < self.applied_at + self.drain_time + s.loop.interval - 1e-9):
                 return None  # ours: the ramp steps once its last step was observed (rounds are stale until then)
         previous = None if self.plan is None or PlanFlag.MEASURING in self.plan.flags else self._carried()
+        if self._estimating and previous is None:
+            previous = self._carried() or {n: 1.0 / len(live) for n in live}  # what the LB carries at the start
         weights = apply_rails(
             solved, previous=previous, healthy=healthy, min_weight=s.rails.min_weight,
             max_change=s.rails.max_weight_change, ramp_caps=ramp, fixed=fixed,
         )
+        if (self._estimating and not reasons and self.plan is not None and not flags
+                and _same_weights(self.plan.weights, {n: weights.get(n, 0.0) for n in self.dips}, LEARNED_CHANGE)):
+            return None  # refitted curves that move no weight noticeably: the LB keeps the plan it has
         if reasons or self._curves_changed or self.plan is None:
             models = sorted({self.dips[n].model for n in ready})
             reasons = [*reasons, f"solved {len(ready)} curves ({', '.join(models) or 'none'}) with {method}"]

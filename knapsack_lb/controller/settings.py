@@ -56,6 +56,20 @@ class LoopSettings(_Group):
     )
 
 
+class LearningSettings(_Group):
+    """How curves are learned: from every probe round with its standard error (the default), or by the
+    paper's Algorithm 1 (section 4.3). docs/controller.md#learning-from-every-round-the-default."""
+
+    method: Literal["estimate", "algorithm1"] = Field(
+        "estimate", description="estimate: fit every DIP's curve from every round, plans solved from the first "
+        "round, caps on confidence bounds; algorithm1: the paper's measurement phase, then solve."
+    )
+    confidence: float = Field(
+        2.0, ge=1, le=5, description="z: decisions use bounds this many standard errors wide (2 = about 95 %)."
+    )
+    window: float = Field(600.0, gt=0, description="Seconds of rounds a DIP's curve is fitted on.")
+
+
 class MeasurementSettings(_Group):
     """Algorithm 1 (paper section 4.3) and the scheduling of measurement rounds (section 4.6)."""
 
@@ -228,6 +242,7 @@ class ControllerSettings(_Group):
     """Controller parameters (KnapsackLB sections 4.2-4.7 and 5), grouped; see the module docstring."""
 
     loop: LoopSettings = Field(default_factory=LoopSettings, description="Timing and leases.")
+    learning: LearningSettings = Field(default_factory=LearningSettings, description="How curves are learned.")
     measurement: MeasurementSettings = Field(default_factory=MeasurementSettings, description="Algorithm 1.")
     fitting: FittingSettings = Field(default_factory=FittingSettings, description="Curve fitting.")
     solver: SolverSettings = Field(default_factory=SolverSettings, description="The weight solver.")
@@ -271,6 +286,7 @@ class ControllerSettings(_Group):
     def paper(cls) -> ControllerSettings:
         """The paper's behaviour: quadratic curves, sum objective, no circuit breaker, no rails."""
         return cls().tuned(
+            learning={"method": "algorithm1"},
             fitting={"curve_model": "quadratic"},
             solver={"objective": "sum"},
             measurement={"run_capped_by_drop": False},

@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from knapsack_lb.controller.breaker import BreakerState
 from knapsack_lb.controller.dynamics import DetectorState
+from knapsack_lb.controller.estimation import RoundEvidence
+from knapsack_lb.controller.guard import GuardState
 from knapsack_lb.controller.measurement import DipMeasurement
 from knapsack_lb.curves import LatencyCurve, curve_from_dict
 from knapsack_lb.errors import InvalidInputError, short_repr
@@ -50,6 +52,11 @@ class DipState:
     returned_at: float | None = None
     last_round: float = -math.inf
     iterations: int = 0
+    evidence: list[RoundEvidence] = field(default_factory=list)  # the learner's rounds (learning.method estimate)
+    overloaded: bool = False
+    dispersion: float = 1.0  # how much more its rounds vary than their own spread says (the learner's fit)
+    held: float | None = None  # after a rollback: the weight it may not exceed until ``held_until``
+    held_until: float = -math.inf
 
     @property
     def ready(self) -> bool:
@@ -91,6 +98,7 @@ class ControllerState(BaseModel):
     measurement_rounds: int = 0
     detector: DetectorState = Field(default_factory=DetectorState)
     breaker: BreakerState = Field(default_factory=BreakerState)
+    guard: GuardState = Field(default_factory=GuardState)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types only (non-finite numbers as strings): safe for any JSON writer."""

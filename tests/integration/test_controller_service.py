@@ -19,6 +19,7 @@ import pytest
 from adapters.recording import RecordingAdapter
 from knapsack_lb.clock import FakeClock
 from knapsack_lb.controller.settings import ControllerSettings, LoopSettings, SolverSettings
+from knapsack_lb.curves import curve_models
 from knapsack_lb.errors import StalePlanError
 from knapsack_lb.lab.fluid import FluidDip, FluidModel
 from knapsack_lb.lab.procs import RedisServer
@@ -83,7 +84,7 @@ async def test_the_service_learns_and_pushes_through_the_store(store: RedisLaten
     assert world.adapter.applied and world.adapter.applied[-1].version == plan.version
     curves = await store.curves("web")
     assert set(curves) == {"a", "b", "c"} and all(c.w_max > 0 for c in curves.values())
-    assert all(c.model in ("quadratic", "queueing", "piecewise") for c in curves.values())
+    assert all(c.model in curve_models() for c in curves.values())
     state = await store.controller_state("web")
     assert state is not None and state["vip"] == "web"
     assert len(await store.plan_history("web")) == len(world.adapter.applied)
@@ -96,8 +97,10 @@ async def test_a_killed_controller_is_taken_over_and_resumed_from_the_store(stor
     for _ in range(4):
         await world.probe_round()
         await first.tick()
-    rounds_before = first.controllers["web"].measurement_rounds
-    assert rounds_before >= 2 and first.controllers["web"].measuring
+    before = first.controllers["web"]
+    rounds_before, version_before = before.rounds, before.version
+    learned = {n: len(d.evidence) for n, d in before.dips.items()}
+    assert rounds_before == 4 and all(learned.values())
     # ctl-a dies here without releasing its lease.
     second = world.service("ctl-b")
     await world.probe_round()
@@ -107,15 +110,14 @@ async def test_a_killed_controller_is_taken_over_and_resumed_from_the_store(stor
     await world.probe_round()
     await second.tick()
     resumed = second.controllers["web"]
-    assert resumed.measurement_rounds >= rounds_before  # continued, not restarted
+    assert resumed.rounds > rounds_before  # continued, not restarted: its rounds and evidence came along
+    assert all(len(resumed.dips[n].evidence) >= count for n, count in learned.items())
     assert await store.lease_owner(LEASE_GROUP, "web") == "ctl-b"
-    for _ in range(40):
+    for _ in range(6):
         await world.probe_round()
         await second.tick()
-        if not resumed.measuring and resumed.plan is not None and "measuring" not in resumed.plan.flags:
-            break
-    assert not resumed.measuring
-    assert max(d.iterations for d in resumed.dips.values()) <= 10
+    plan = await store.current_plan("web")
+    assert plan is not None and plan.version >= version_before and plan.method != "equal-split"
 
 
 async def test_a_stale_owner_cannot_store_or_push_an_older_plan(store: RedisLatencyStore) -> None:
@@ -174,12 +176,9 @@ async def test_paused_vip_is_left_alone(store: RedisLatencyStore) -> None:
 async def test_weights_changed_behind_our_back_are_reapplied(store: RedisLatencyStore) -> None:
     world = await _world(store)
     service = world.service("ctl-a")
-    for _ in range(40):
+    for _ in range(20):  # learned, and settled
         await world.probe_round()
         await service.tick()
-        ctl = service.controllers["web"]
-        if not ctl.measuring and ctl.plan is not None and "measuring" not in ctl.plan.flags:
-            break
     tampered = {"a": 1.0, "b": 0.0, "c": 0.0}
     reapplied = []
     for _ in range(6):  # a round may bring a new plan of its own; the check runs on rounds without one

@@ -10,6 +10,7 @@ from knapsack_lb.loop import ControlLoop
 from knapsack_lb.model import VipConfig, WeightPlan
 
 FAST = ControllerSettings(solver=SolverSettings(units=20_000))
+ALGORITHM1 = FAST.tuned(learning={"method": "algorithm1"})  # the paper's measurement phase (section 4.3)
 
 
 class Loop:

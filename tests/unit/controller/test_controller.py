@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 
 import pytest
 
 from knapsack_lb.controller.core import SolveRequest, SolveResult, VipController
+from knapsack_lb.controller.estimation import RoundEvidence
 from knapsack_lb.curves import QueueingCurve
 from knapsack_lb.errors import SolverError
 from knapsack_lb.lab.fluid import FluidModel
 from knapsack_lb.model import Measurement
 
-from .loop import FAST, Loop, small_pool, vip_config
+from .loop import ALGORITHM1, FAST, Loop, small_pool, vip_config
 
 
-def test_builds_curves_quickly_and_lands_near_the_oracle(loop: Loop) -> None:
+def test_builds_curves_quickly_and_lands_near_the_oracle(algorithm1_loop: Loop) -> None:
+    loop = algorithm1_loop
     loop.until_built()
     assert max(d.iterations for d in loop.ctl.dips.values()) <= 10
     built = len(loop.plans)
@@ -46,7 +49,8 @@ def test_a_failed_dip_is_removed_at_once_and_the_rest_absorb_it(loop: Loop) -> N
     assert sum(plan.weights.values()) == pytest.approx(1.0)
 
 
-def test_solver_failure_keeps_the_last_good_plan(loop: Loop) -> None:
+def test_solver_failure_keeps_the_last_good_plan(algorithm1_loop: Loop) -> None:
+    loop = algorithm1_loop
     loop.until_built()
     for _ in range(3):
         loop.tick()
@@ -91,12 +95,13 @@ def test_a_cold_pool_with_every_dip_down_gets_an_equal_split() -> None:
     assert plan is not None and plan.weights == pytest.approx({n: 0.25 for n in "abcd"})
 
 
-def test_state_survives_a_json_round_trip_mid_measurement(loop: Loop) -> None:
+def test_state_survives_a_json_round_trip_mid_measurement(algorithm1_loop: Loop) -> None:
+    loop = algorithm1_loop
     for _ in range(4):
         loop.tick()
     assert loop.ctl.measuring
     state = json.loads(json.dumps(loop.ctl.to_dict()))
-    twin = VipController.from_dict(state, FAST, rng=random.Random(1))
+    twin = VipController.from_dict(state, ALGORITHM1, rng=random.Random(1))
     for _ in range(6):
         loop.lab.now += 5.0
         observations = loop.model.measure(loop.now)
@@ -118,7 +123,8 @@ def test_overrides_pins_drains_and_pause(loop: Loop) -> None:
     assert loop.tick(config=vip_config(names, paused=True)) is None
 
 
-def test_a_dip_added_to_a_live_pool_is_measured_from_weight_zero(loop: Loop) -> None:
+def test_a_dip_added_to_a_live_pool_is_measured_from_weight_zero(algorithm1_loop: Loop) -> None:
+    loop = algorithm1_loop
     loop.until_built()
     from knapsack_lb.lab.fluid import FluidDip
 
@@ -137,7 +143,8 @@ def test_a_dip_added_to_a_live_pool_is_measured_from_weight_zero(loop: Loop) -> 
     assert loop.ctl.dips["e"].ready
 
 
-def test_remeasure_request_sends_a_dip_back_to_measurement(loop: Loop) -> None:
+def test_remeasure_request_sends_a_dip_back_to_measurement(algorithm1_loop: Loop) -> None:
+    loop = algorithm1_loop
     loop.until_built()
     plan = loop.tick(remeasure=("c",))
     assert "c" in loop.ctl.measuring
@@ -162,7 +169,7 @@ def test_drain_time_is_measured_and_waited_out() -> None:
     dips = small_pool()
     model = FluidModel(dips, total_rate=0.7 * sum(d.capacity for d in dips), drain_time=8.0, seed=5)
     model.set_weights({d.name: 1.0 for d in dips}, 0.0)
-    loop = Loop(model, VipController("vip", [d.name for d in dips], FAST, rng=random.Random(1)))
+    loop = Loop(model, VipController("vip", [d.name for d in dips], ALGORITHM1, rng=random.Random(1)))
     loop.until_built(limit=120)
     assert loop.ctl.drain_time == pytest.approx(10.0)
     assert any("drain time measured" in r for p in loop.plans for r in p.reasons)
@@ -195,7 +202,7 @@ def test_a_returning_dips_ramp_never_pushes_the_others_past_their_w_max(load: fl
     dips = small_pool()
     model = FluidModel(dips, total_rate=load * sum(d.capacity for d in dips), seed=5)
     model.set_weights({d.name: 1.0 for d in dips}, 0.0)
-    loop = Loop(model, VipController("vip", [d.name for d in dips], FAST, rng=random.Random(1)))
+    loop = Loop(model, VipController("vip", [d.name for d in dips], ALGORITHM1, rng=random.Random(1)))
     ramp = [p for p in _fail_and_return(loop, "b") if "slow-start" in p.flags]
     assert ramp, "the returning DIP never ramped"
     for plan in (p for p in ramp if "over-capacity" not in p.flags):  # there w_max cannot hold by definition
@@ -211,15 +218,17 @@ def test_a_ramp_steps_only_once_its_last_step_could_be_observed() -> None:
     dips = small_pool()
     model = FluidModel(dips, total_rate=0.7 * sum(d.capacity for d in dips), seed=5)
     model.set_weights({d.name: 1.0 for d in dips}, 0.0)
-    loop = Loop(model, VipController("vip", [d.name for d in dips], FAST, rng=random.Random(1)))
+    loop = Loop(model, VipController("vip", [d.name for d in dips], ALGORITHM1, rng=random.Random(1)))
     loop.ctl.drain_time = 10.0
     ramp = [p for p in _fail_and_return(loop, "b") if "slow-start" in p.flags]
     assert len(ramp) >= 2
     gaps = [b.computed_at - a.computed_at for a, b in itertools.pairwise(ramp)]
-    assert min(gaps) >= loop.ctl.drain_time + FAST.loop.interval
+    assert min(gaps) >= loop.ctl.drain_time + ALGORITHM1.loop.interval
 
 
-def test_a_refresh_without_evidence_of_room_keeps_the_old_limit_and_stays_below_the_knee(loop: Loop) -> None:
+def test_a_refresh_without_evidence_of_room_keeps_the_old_limit_and_stays_below_the_knee(
+        algorithm1_loop: Loop) -> None:
+    loop = algorithm1_loop
     loop.until_built()
     for _ in range(3):
         loop.tick()
@@ -253,10 +262,11 @@ def test_a_small_pool_at_high_load_finishes_its_cold_start() -> None:
 
 @pytest.mark.parametrize(("errors", "timeouts", "failed"), [(0, 100, False), (100, 0, True)])
 def test_timeouts_at_a_measurement_weight_are_a_drop_and_fast_errors_a_failure(
-        loop: Loop, errors: int, timeouts: int, failed: bool) -> None:
+        algorithm1_loop: Loop, errors: int, timeouts: int, failed: bool) -> None:
     """A DIP that only times out at the weight Algorithm 1 just gave it is overloaded by the
     measurement, not dead: it backtracks instead of being removed (and measured from scratch when it
     answers again). Fast errors are a failure as ever."""
+    loop = algorithm1_loop
     raised: dict[str, float] = {}
     for _ in range(30):
         loop.tick()
@@ -277,3 +287,61 @@ def test_timeouts_at_a_measurement_weight_are_a_drop_and_fast_errors_a_failure(
         assert measuring is not None and measuring.last_dropped and measuring.target is not None
         assert measuring.target < weight  # Algorithm 1's backtrack
         assert any("not a failure" in r for r in plan.reasons)
+
+
+def test_the_learner_solves_from_the_first_round_and_lands_near_the_oracle(loop: Loop) -> None:
+    first = loop.tick()
+    assert first is not None and first.method in ("exact-greedy", "exact-dp", "exact-bisection", "ilp")
+    for _ in range(24):
+        loop.tick()
+    oracle = loop.model.oracle().quality.mean_latency
+    plan = loop.ctl.plan
+    assert plan is not None and loop.model.quality(plan.weights).mean_latency <= 1.05 * oracle
+    for p in loop.plans[2:]:  # once it has seen a round at the equal split, no plan overloads a DIP
+        assert max(loop.model.utilisation(p.weights).values()) < 1.0
+    assert all(p.reasons for p in loop.plans)
+    assert {r.dip for r in loop.ctl.curve_records()} == set("abcd")
+
+
+def test_the_learner_starts_a_new_dip_from_a_small_share_and_ramps_it(loop: Loop) -> None:
+    from knapsack_lb.lab.fluid import FluidDip
+
+    for _ in range(20):
+        loop.tick()
+    model = FluidModel([*small_pool(), FluidDip("e", 2, 100.0)], total_rate=loop.model.total_rate, seed=9)
+    assert loop.ctl.plan is not None
+    model.set_weights({**loop.ctl.plan.weights, "e": 0.0}, loop.now)
+    loop.model = model
+    plan = loop.tick(config=vip_config([*"abcde"]))
+    assert plan is not None and plan.weights["e"] <= 0.25 / 5 + 1e-9 and any("new DIP e" in r for r in plan.reasons)
+    shares = []
+    for _ in range(30):
+        loop.tick()
+        assert loop.ctl.plan is not None
+        shares.append(loop.ctl.plan.weights["e"])
+        assert max(loop.model.utilisation(loop.ctl.plan.weights).values()) < 1.0
+    assert shares[-1] > 0.1  # a 2-core DIP of 10 cores ends near its share of the pool
+    assert loop.model.quality(loop.ctl.plan.weights).mean_latency <= 1.05 * loop.model.oracle().quality.mean_latency
+
+
+def test_a_remeasure_request_makes_the_learner_forget_a_dips_rounds(loop: Loop) -> None:
+    for _ in range(6):
+        loop.tick()
+    assert len(loop.ctl.dips["c"].evidence) > 3
+    plan = loop.tick(remeasure=("c",))
+    assert len(loop.ctl.dips["c"].evidence) <= 2
+    assert plan is None or any("remeasure requested: c" in r for r in plan.reasons)
+
+
+def test_a_state_with_failed_rounds_and_unbounded_curves_survives_json(loop: Loop) -> None:
+    for _ in range(5):
+        loop.tick()
+    dip = loop.ctl.dips["a"]
+    dip.evidence.insert(0, RoundEvidence(1.0, 0.5, math.inf, math.inf, 0, 1.0))  # no probe succeeded
+    assert dip.curve is not None and math.isinf(dip.curve_obj().latency(1.0))
+    text = json.dumps(loop.ctl.to_dict(), allow_nan=False)
+    twin = VipController.from_dict(json.loads(text), FAST, rng=random.Random(1))
+    loop.lab.now += 5.0
+    observations = loop.model.measure(loop.now)
+    a, b = loop.ctl.step(loop.now, observations), twin.step(loop.now, observations)
+    assert (a is None) == (b is None) and (a is None or b is None or a.weights == pytest.approx(b.weights))

@@ -1,0 +1,267 @@
+"""Learning a DIP's weight-latency curve from every probe round: the controller's default learner.
+
+KnapsackLB (section 4.3, Algorithm 1) learns a curve by walking one DIP's weight up until its
+latency reaches 5x the weight-0 latency, one drain-time-long round per step, and only then solves.
+On a live pool that is slow (minutes before the first solved plan) and unsafe: the walk drives
+DIPs to the edge of capacity on purpose, and a single noisy round of a few probes (coefficient of
+variation near 1) decides each step. This learner keeps the paper's model - a convex weight-latency
+curve per DIP, solved for the weights that minimise latency (section 4.4) - and changes how the
+curve is learned:
+
+* **Every round is evidence, with its own error.** A round at the weight the LB confirmed carries
+  its mean and its standard error from its own spread (:func:`round_evidence`); rounds at the same
+  weight are pooled exactly (:func:`pooled`: the mean and the standard error of all their requests
+  together).
+* **A queueing model, fitted with its uncertainty.** ``1 / latency = (1/s) * (1 - (w / c) ** k)``
+  (:mod:`knapsack_lb.curves.utilisation`) is a weighted least-squares line for each knee shape
+  ``k``; weights come from the standard errors. Two rounds at different loads give the unloaded
+  latency ``s`` and the saturation weight ``c`` (for ``k = 1`` exactly the relation
+  ``latency = s / (1 - utilisation)``). The pool gives each DIP a weak prior on ``s`` (the lower
+  quartile of the DIPs' lowest latencies, +-``PRIOR_SPREAD``), so one round at the current split
+  already gives a curve: the first plan is solved after one round.
+* **Decisions on confidence bounds.** The weight a plan may give a DIP (its ``cap``, the solver's
+  ``w_max``) is the lower confidence bound of ``c`` over every knee shape the data do not reject
+  (``z`` standard errors, profile over ``k``), less the rails' headroom. A DIP whose latency has
+  not risen yet therefore grows by a bounded factor per round (how much depends on how precisely its
+  flat latency is known: about 10 % for a 16-server knee at a 10 % standard error), and a DIP that
+  is seen rising gets a curve that says where its knee is.
+* **Overload is a hard bound.** A round with failed probes (more than ``drop_failure_share``) or a
+  latency of ``drop_latency_factor`` times the DIP's unloaded latency (the paper's "drop") proves
+  the DIP cannot carry that weight: its cap falls to half of it, or to the largest weight it
+  carried cleanly below it (multiplicative decrease).
+* **Changes forget the past.** A clean round that disagrees with the fitted curve by more than
+  ``z`` combined standard errors and ``capacity_change_threshold`` (the paper's 20 %) drops the
+  DIP's older rounds (:func:`changed`), so a capacity or traffic change is learned afresh from the
+  rounds after it; rounds older than ``window`` seconds are forgotten anyway.
+
+How it fails: the model assumes the latency a probe sees is a function of the DIP's weight only;
+a DIP whose latency moves for other reasons (a noisy neighbour that comes and goes each minute)
+keeps being re-learned from its recent rounds. With very few probes per round the standard errors
+are large and caps grow slowly: the learner is cautious, not fast, on such DIPs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from knapsack_lb.curves.base import LatencyCurve
+from knapsack_lb.curves.utilisation import SHAPES, UNBOUNDED, ShapeFit, UtilisationCurve, curve_from_fit, shape_fit
+from knapsack_lb.model import Measurement
+
+PRIOR_SPREAD = 0.25  # relative standard deviation of the pool prior on a DIP's unloaded latency
+BACKOFF = 0.5  # a weight that overloaded a DIP: its cap falls to this share of it (or its last clean weight)
+MODEL_ERROR = 0.01  # no round is trusted closer than 1 % (the model is an approximation; service may be fixed)
+PLAUSIBLE_CHI2 = 4.0  # a knee shape is rejected when its chi-square exceeds the best one's by this (2 sigma)
+
+
+@dataclass(frozen=True)
+class RoundEvidence:
+    """One trusted round as evidence: ``n`` successful probes with this mean and standard deviation at
+    ``weight``; ``failed`` is the share of probes that failed."""
+
+    time: float
+    weight: float
+    mean: float
+    std: float
+    n: int
+    failed: float
+
+
+def round_evidence(m: Measurement, weight: float) -> RoundEvidence | None:
+    """A round as evidence, or None when no probe was sent (nothing to learn).
+
+    The round stands at the DIP's share of the VIP's requests over the round when the LB's counters
+    told it (``m.share``): at layer 4 the weights move new connections only, and the share the DIP
+    really carried lags them by the connections' lifetimes; else at ``weight``, what the LB confirmed.
+
+    Without its own spread (fewer than two successes, or a prober that does not report it) the
+    round's standard deviation is taken equal to its mean - the spread of exponential service, the
+    pessimistic common case - so a thin round weighs little."""
+    if m.sent == 0:
+        return None
+    weight = m.share if m.share is not None else weight
+    failed = m.failures / m.sent
+    if m.successes == 0 or m.latency_mean is None or not math.isfinite(m.latency_mean) or m.latency_mean <= 0:
+        return RoundEvidence(m.time, weight, math.inf, math.inf, 0, failed)
+    std = m.latency_std if m.latency_std is not None and m.successes >= 2 and math.isfinite(m.latency_std) \
+        else m.latency_mean
+    return RoundEvidence(m.time, weight, m.latency_mean, max(std, 0.0), m.successes, failed)
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """Rounds pooled as if they were one: ``mean`` and ``stderr`` over all ``n`` successful probes."""
+
+    weight: float
+    mean: float
+    stderr: float
+    n: int
+    rounds: int
+
+
+def pooled(rounds: Sequence[RoundEvidence]) -> Pooled:
+    """Pool rounds exactly: the grand mean, and the standard error from the total sum of squares
+    (each round's own spread plus the spread of the round means). Raises ``ValueError`` on no
+    successful probe."""
+    good = [r for r in rounds if r.n > 0 and math.isfinite(r.mean)]
+    total = sum(r.n for r in good)
+    if total == 0:
+        raise ValueError("pooled: no successful probe in these rounds")
+    mean = sum(r.n * r.mean for r in good) / total
+    weight = sum(r.n * r.weight for r in good) / total
+    squares = sum((r.n - 1) * r.std ** 2 + r.n * (r.mean - mean) ** 2 for r in good)
+    variance = squares / (total - 1) if total > 1 else mean ** 2
+    return Pooled(weight, mean, math.sqrt(max(variance, 0.0) / total), total, len(good))
+
+
+def by_weight(rounds: Sequence[RoundEvidence], tolerance: float) -> list[Pooled]:
+    """Rounds grouped by weight (within ``tolerance`` relative, or 1e-4 absolute) and pooled."""
+    groups: list[list[RoundEvidence]] = []
+    for r in sorted((r for r in rounds if r.n > 0 and math.isfinite(r.mean)), key=lambda r: r.weight):
+        if groups and abs(r.weight - groups[-1][0].weight) <= max(1e-4, tolerance * groups[-1][0].weight):
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    return [pooled(g) for g in groups]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What the rounds say about one DIP: its curve, unloaded latency ``s``, saturation weight (best
+    estimate and lower confidence bound), knee shape ``k``, the largest weight a plan may give it
+    (``cap``) and whether its last round overloaded it."""
+
+    curve: UtilisationCurve
+    s: float
+    saturation: float
+    saturation_low: float
+    k: float
+    cap: float
+    overloaded: bool
+    points: int
+    dispersion: float = 1.0
+
+    def describe(self) -> str:
+        sat = "unbounded" if self.saturation > 1e2 else f"{self.saturation:.3f}"
+        return (f"s={self.s * 1e3:.1f}ms saturation={sat} (low {self.saturation_low:.3f}) k={self.k:g} "
+                f"cap={self.cap:.3f}{' overloaded' if self.overloaded else ''}")
+
+
+def is_overload(r: RoundEvidence, unloaded: float | None, drop_factor: float, failure_share: float) -> bool:
+    """The paper's drop (section 4.3): failed probes, or latency at least ``drop_factor`` times unloaded."""
+    if r.n == 0 or r.failed > failure_share:
+        return True
+    return unloaded is not None and r.mean >= drop_factor * unloaded
+
+
+@dataclass(frozen=True)
+class _ShapeVerdict:
+    """The shape fits of one DIP's points: the curve to solve on, the safe saturation bound, how
+    much more the points vary than their errors say, and whether any rise is significant."""
+
+    best: ShapeFit
+    low: float
+    dispersion: float
+    flat: bool
+
+
+def _judge_shapes(fits: Sequence[ShapeFit], points: int, z: float) -> _ShapeVerdict:
+    """Profile over the knee shapes: those within ``PLAUSIBLE_CHI2`` (scaled) of the best fit are
+    plausible; the curve is the gentlest plausible one, the bound the lowest plausible ``c`` at ``z``."""
+    lowest = min(fits, key=lambda f: (round(f.chi2, 9), f.k))
+    # rounds vary more than their own spread says when the load itself moves (connections come and go):
+    # the reduced chi-square of the best fit scales every variance (quasi-likelihood), never below 1
+    dispersion = max(1.0, lowest.chi2 / (points - 2)) if points > 2 else 1.0
+    plausible = [f for f in fits if f.chi2 <= lowest.chi2 + PLAUSIBLE_CHI2 * dispersion]
+    low = min(f.saturation(f.beta + z * math.sqrt(max(f.var_beta * dispersion, 0.0))) for f in plausible)
+    gentle = fits[0]  # k = 1: a rise that M/M/1 cannot tell from noise is no rise
+    flat = gentle.beta <= z * math.sqrt(max(gentle.var_beta * dispersion, 0.0))
+    return _ShapeVerdict(min(plausible, key=lambda f: f.k), low, dispersion, flat)
+
+
+def estimate(
+    rounds: Sequence[RoundEvidence],
+    prior: float | None,
+    *,
+    z: float,
+    tolerance: float,
+    drop_factor: float,
+    failure_share: float,
+    floor: float = 0.0,
+) -> Estimate | None:
+    """Fit one DIP's rounds (see the module docstring); None when there is nothing to fit (no clean
+    round and no prior). ``prior`` is the pool's estimate of the unloaded latency; ``floor`` is the
+    cap of a DIP whose latency has not risen significantly at any weight seen (a small share of the
+    pool: what a DIP seen only nearly idle may take next), never above a weight that overloaded it."""
+    if not rounds:
+        return None
+    lowest = min((r.mean for r in rounds if r.n > 0 and math.isfinite(r.mean)), default=math.inf)
+    unloaded = min(prior, lowest) if prior is not None else (lowest if math.isfinite(lowest) else None)
+    drops = [r for r in rounds if is_overload(r, unloaded, drop_factor, failure_share)]
+    overloaded = rounds[-1] in drops
+    bins = by_weight([r for r in rounds if r.n > 0 and (r.weight <= 0 or r not in drops)], tolerance)
+    ws, ls = [b.weight for b in bins], [b.mean for b in bins]
+    vs = [max(b.stderr, MODEL_ERROR * b.mean) ** 2 for b in bins]
+    if prior is not None and len(bins) == 1:  # the DIP's own rounds at two weights replace the pool's prior
+        ws, ls, vs = [0.0, *ws], [prior, *ls], [(PRIOR_SPREAD * prior) ** 2, *vs]
+    drop_weights = [r.weight for r in drops if r.weight > 0]
+    w_drop = min(drop_weights, default=math.inf)
+    # a weight that overloaded the DIP: back off below it, to half of it or the last clean weight under it
+    bound = max(BACKOFF * w_drop, max((w for w in ws if 0 < w < w_drop), default=0.0)) if drop_weights else math.inf
+    if len(ws) < 2:
+        if not drop_weights or unloaded is None:
+            return None
+        # overloaded at every weight seen: nothing but the backoff is known
+        return Estimate(UtilisationCurve(unloaded, w_drop, 1.0), unloaded, w_drop, bound, 1.0, bound, overloaded, 0)
+    w_arr, l_arr, v_arr = np.asarray(ws), np.asarray(ls), np.asarray(vs)
+    fits = [shape_fit(w_arr, l_arr, v_arr, k) for k in SHAPES if len(np.unique(w_arr ** k)) >= 2]
+    if not fits:  # seen at (nearly) no load only: its latency is known, its knee not at all
+        cap = 0.0 if overloaded else min(floor, bound)
+        curve = UtilisationCurve(min(ls), UNBOUNDED * max(cap, 1e-3), 1.0)
+        return Estimate(curve, curve.s, math.inf, cap, 1.0, cap, overloaded, len(bins))
+    shapes = _judge_shapes(fits, len(ws), z)
+    low, saturation = min(shapes.low, bound), min(shapes.best.saturation(), w_drop)
+    if shapes.flat and not overloaded:
+        low = max(low, min(floor, bound))
+    top = max((w for w in ws if w > 0), default=0.0)
+    curve = curve_from_fit(shapes.best, w_arr, None, saturation=max(saturation, low * 1.01, top * 1.01, 1e-6)
+                           if math.isfinite(saturation) else None)
+    return Estimate(curve, curve.s, saturation, low, shapes.best.k, max(0.0, low), overloaded, len(bins),
+                    shapes.dispersion)
+
+
+def changed(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z: float, threshold: float,
+            failure_share: float, dispersion: float = 1.0, confirmations: int = 1) -> bool:
+    """The newest ``confirmations`` rounds all disagree with ``curve`` the same way: each off by more
+    than ``z`` of its standard error (scaled by the fit's ``dispersion``) and by more than
+    ``threshold`` relative (the paper's 20 % capacity-change test, on a confidence bound instead of a
+    single round). A round with failed probes at a weight the curve calls safe disagrees upwards."""
+    recent = list(rounds[-confirmations:])
+    if len(recent) < confirmations:
+        return False
+    signs = set()
+    for r in recent:
+        expected = curve.latency(r.weight)
+        if not math.isfinite(expected) or expected <= 0:
+            return False
+        if r.n == 0 or r.failed > failure_share:
+            signs.add(True)
+            continue
+        gap = r.mean - expected
+        if abs(gap) <= z * r.std / math.sqrt(r.n) * math.sqrt(dispersion) or abs(gap) <= threshold * expected:
+            return False
+        signs.add(gap > 0)
+    return len(signs) == 1
+
+
+def pool_prior(lowest: Sequence[float]) -> float | None:
+    """The pool's prior on a DIP's unloaded latency: the lower quartile of the DIPs' lowest round
+    latencies (the pool serves one application; the least loaded DIPs show its unloaded latency)."""
+    values = sorted(v for v in lowest if math.isfinite(v) and v > 0)
+    if not values:
+        return None
+    return float(np.percentile(values, 25))

@@ -1,0 +1,110 @@
+"""The plan guard: a new plan that measurably made the VIP slower is rolled back.
+
+Every model is wrong somewhere, and a learned plan can be worse than the one it replaced (a curve
+extrapolated past the data, a noisy round taken for a trend). The guard does not trust the model
+for this: it measures. While a plan is in force, each round's probes give the VIP's latency as
+the plan weighs it, ``L = sum_i w_i * mean_i`` over the DIPs (weights renormalised over the DIPs
+that answered), with the variance ``sum_i w_i^2 * stderr_i^2``; rounds under the same plan are
+averaged, and the variance of that average is the larger of the one the rounds' own spreads give
+and the one the spread of the rounds' ``L`` gives (a load that moves makes rounds differ more than
+their probes say). When a plan has been measured for ``MIN_ROUNDS`` rounds and its ``L`` exceeds
+the previous plan's by more than ``z`` combined standard errors and more than ``threshold``
+relative, :meth:`PlanGuard.verdict` names the previous plan and the controller restores it.
+
+How it fails: the two plans are measured at different times, so a traffic change between them
+looks like a worse plan (the rollback then restores a plan that is no better, and the learner,
+which sees the change in its rounds, moves on); a plan that is worse by less than the threshold,
+or within noise, stays.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from knapsack_lb.controller.estimation import RoundEvidence
+
+MIN_ROUNDS = 2  # rounds a plan is measured before it is judged
+MIN_COVERAGE = 0.9  # share of the plan's weight whose DIPs must have answered in a round
+
+
+@dataclass
+class PlanRecord:
+    """The VIP latency measured under one plan: ``rounds`` rounds' ``L`` values and their variances."""
+
+    version: int
+    weights: dict[str, float]
+    values: list[float] = field(default_factory=list)
+    variances: list[float] = field(default_factory=list)
+
+    @property
+    def mean(self) -> float:
+        return math.fsum(self.values) / len(self.values) if self.values else math.nan
+
+    @property
+    def variance(self) -> float:
+        """The variance of :attr:`mean`: from the probes' spreads, or the rounds' spread if larger."""
+        n = len(self.values)
+        if n == 0:
+            return math.inf
+        own = math.fsum(self.variances) / n ** 2
+        if n < 3:
+            return own
+        m = self.mean
+        spread = math.fsum((v - m) ** 2 for v in self.values) / (n - 1) / n
+        return max(own, spread)
+
+
+@dataclass
+class GuardState:
+    """What the guard remembers: the plan in force and the one before it."""
+
+    current: PlanRecord | None = None
+    previous: PlanRecord | None = None
+
+
+def vip_latency(weights: Mapping[str, float], rounds: Mapping[str, RoundEvidence]) -> tuple[float, float] | None:
+    """``(L, variance)`` of one round under ``weights``; None when too little of the plan answered."""
+    answered = {n: w for n, w in weights.items() if w > 0 and n in rounds and rounds[n].n > 0}
+    total = sum(w for w in weights.values() if w > 0)
+    mass = sum(answered.values())
+    if total <= 0 or mass < MIN_COVERAGE * total:
+        return None
+    value = math.fsum(w / mass * rounds[n].mean for n, w in answered.items())
+    variance = math.fsum((w / mass) ** 2 * rounds[n].std ** 2 / rounds[n].n for n, w in answered.items())
+    return value, variance
+
+
+class PlanGuard:
+    """Measures each plan in force and says when the newest one is significantly worse."""
+
+    def __init__(self, state: GuardState | None = None) -> None:
+        self.state = state or GuardState()
+
+    def observe(self, version: int, weights: Mapping[str, float], rounds: Mapping[str, RoundEvidence]) -> None:
+        """One round taken while plan ``version`` (``weights``) was in force and settled."""
+        measured = vip_latency(weights, rounds)
+        if measured is None:
+            return
+        st = self.state
+        if st.current is None or st.current.version != version:
+            if st.current is not None and len(st.current.values) >= MIN_ROUNDS:
+                st.previous = st.current
+            st.current = PlanRecord(version, dict(weights))
+        st.current.values.append(measured[0])
+        st.current.variances.append(measured[1])
+
+    def verdict(self, z: float, threshold: float) -> PlanRecord | None:
+        """The previous plan, when the current one is worse beyond noise and ``threshold``; else None."""
+        cur, prev = self.state.current, self.state.previous
+        if cur is None or prev is None or len(cur.values) < MIN_ROUNDS:
+            return None
+        gap = cur.mean - prev.mean
+        if gap > z * math.sqrt(cur.variance + prev.variance) and cur.mean > (1 + threshold) * prev.mean:
+            return prev
+        return None
+
+    def forget(self) -> None:
+        """After a rollback, or when the pool changed: judge afresh from the next plan on."""
+        self.state = GuardState(current=self.state.current)

@@ -1,0 +1,143 @@
+"""The learner's statistics on known answers: a round's standard error, pooling, the capacity estimate
+from rounds of M/M/1, M/M/2 and M/M/c DIPs, overload backoff and the change test."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+import pytest
+
+from knapsack_lb.controller.estimation import (
+    BACKOFF,
+    RoundEvidence,
+    by_weight,
+    changed,
+    estimate,
+    pool_prior,
+    pooled,
+    round_evidence,
+)
+from knapsack_lb.curves import curve_from_dict
+from knapsack_lb.curves.utilisation import UtilisationCurve
+from knapsack_lb.lab.fluid import erlang_c
+from knapsack_lb.model import Measurement
+from knapsack_lb.rounds import RoundSamples, summarise
+
+Z = 2.0
+KW = {"z": Z, "tolerance": 0.02, "drop_factor": 5.0, "failure_share": 0.01}
+
+
+def _round(t: float, weight: float, mean: float, n: int = 400, cv: float = 0.05, failed: float = 0.0) -> RoundEvidence:
+    """A round whose standard error is ``cv`` of its mean."""
+    return RoundEvidence(t, weight, mean, cv * mean * math.sqrt(n), n, failed)
+
+
+def test_a_rounds_standard_error_comes_from_its_own_spread() -> None:
+    samples = RoundSamples()
+    samples.success_latencies.extend([0.010, 0.012, 0.014, 0.016, 0.018])
+    m = summarise(samples, vip="v", dip="d", time=5.0, weight=0.25, worker="w")
+    ev = round_evidence(m, 0.25)
+    assert ev is not None and ev.n == 5 and ev.weight == 0.25
+    assert ev.std == pytest.approx(statistics.stdev(samples.success_latencies))
+    assert ev.std / math.sqrt(ev.n) == pytest.approx(m.latency_stderr)
+
+
+def test_a_round_without_its_spread_counts_as_exponential_and_the_lbs_share_wins() -> None:
+    m = Measurement(vip="v", dip="d", time=5.0, weight=0.5, sent=1, successes=1, errors=0, timeouts=0,
+                    latency_mean=0.02, latency_p50=0.02, latency_p90=0.02, latency_p99=0.02,
+                    failure_latency_mean=None, worker="w", share=0.3)
+    ev = round_evidence(m, 0.5)
+    assert ev is not None and ev.std == 0.02 and ev.weight == 0.3
+
+
+def test_pooled_rounds_equal_one_round_of_all_their_requests() -> None:
+    rng = random.Random(3)
+    a = [rng.expovariate(100.0) for _ in range(30)]
+    b = [rng.expovariate(80.0) for _ in range(50)]
+    rounds = [RoundEvidence(0.0, 0.2, statistics.fmean(x), statistics.stdev(x), len(x), 0.0) for x in (a, b)]
+    p = pooled(rounds)
+    everything = a + b
+    assert p.n == 80 and p.rounds == 2
+    assert p.mean == pytest.approx(statistics.fmean(everything))
+    assert p.stderr == pytest.approx(statistics.stdev(everything) / math.sqrt(80))
+
+
+def test_rounds_group_by_weight_within_the_tolerance() -> None:
+    bins = by_weight([_round(0, 0.200, 0.01), _round(1, 0.203, 0.012), _round(2, 0.3, 0.02)], 0.02)
+    assert [b.rounds for b in bins] == [2, 1]
+
+
+@pytest.mark.parametrize(("w1", "w2"), [(0.1, 0.4), (0.05, 0.25)])
+def test_capacity_of_an_mm1_dip_from_one_light_and_one_loaded_round(w1: float, w2: float) -> None:
+    s, c = 0.010, 0.5  # M/M/1: latency = s / (1 - w / c)
+    rounds = [_round(0, w1, s / (1 - w1 / c), cv=1e-4), _round(5, w2, s / (1 - w2 / c), cv=1e-4)]
+    est = estimate(rounds, None, **KW)
+    assert est is not None
+    assert est.s == pytest.approx(s, rel=1e-3) and est.saturation == pytest.approx(c, rel=1e-3)
+    assert est.cap <= c
+
+
+def test_capacity_of_an_mm2_dip_is_exact_with_the_k2_knee() -> None:
+    s, c = 0.010, 0.6  # M/M/2: latency = s / (1 - rho^2)
+    rounds = [_round(i, w, s / (1 - (w / c) ** 2), cv=1e-4) for i, w in enumerate((0.1, 0.3, 0.45, 0.5))]
+    est = estimate(rounds, None, **KW)
+    assert est is not None and est.k == 2
+    assert est.saturation == pytest.approx(c, rel=1e-3) and est.s == pytest.approx(s, rel=1e-3)
+
+
+def _mmc(servers: int, mu: float, rate: float) -> float:
+    return 1 / mu + erlang_c(servers, rate / mu) / (servers * mu - rate)
+
+
+def test_capacity_of_an_mmc_dip_is_close_and_its_bound_safe() -> None:
+    servers, mu, total = 8, 100.0, 1000.0  # saturation at weight 0.8
+    rounds = [_round(i, w, _mmc(servers, mu, w * total)) for i, w in enumerate((0.2, 0.4, 0.55, 0.65, 0.7))]
+    est = estimate(rounds, None, **KW)
+    assert est is not None
+    assert est.saturation == pytest.approx(0.8, rel=0.15)  # the gentlest knee the data allow: a little high
+    assert est.cap < 0.8  # the lower confidence bound never claims more than the DIP has
+
+
+def test_a_flat_dip_grows_by_a_bounded_factor_and_the_floor() -> None:
+    flat = [_round(i, 0.2, 0.010) for i in range(3)]
+    est = estimate(flat, 0.010, **KW, floor=0.05)
+    assert est is not None and 0.2 < est.cap < 0.4  # no rise seen: a bounded step up, not the whole VIP
+    tiny = estimate([_round(0, 0.002, 0.010)], 0.010, **KW, floor=0.05)
+    assert tiny is not None and tiny.cap == pytest.approx(0.05)  # nearly idle: the floor share
+
+
+def test_an_overload_backs_off_from_the_weight_that_caused_it() -> None:
+    rounds = [_round(0, 0.1, 0.010), _round(5, 0.2, 0.011), _round(10, 0.4, 0.2, failed=0.3)]
+    est = estimate(rounds, None, **KW, floor=0.5)
+    assert est is not None and est.overloaded
+    assert est.cap <= max(BACKOFF * 0.4, 0.2) and est.saturation <= 0.4
+    only = estimate([_round(0, 0.3, 0.5, failed=0.5)], 0.01, **KW)
+    assert only is not None and only.cap == pytest.approx(BACKOFF * 0.3)
+
+
+def test_a_change_needs_confirmed_disagreement_beyond_noise() -> None:
+    curve = UtilisationCurve(0.010, 0.5, 1.0)
+    at = curve.latency(0.25)
+    assert not changed([_round(0, 0.25, at * 1.05)], curve, z=Z, threshold=0.2, failure_share=0.01)
+    assert changed([_round(0, 0.25, at * 1.5)], curve, z=Z, threshold=0.2, failure_share=0.01)
+    noisy = _round(0, 0.25, at * 1.5, n=4, cv=0.5)  # 50 % higher, but within its own noise
+    assert not changed([noisy], curve, z=Z, threshold=0.2, failure_share=0.01)
+    mixed = [_round(0, 0.25, at * 1.5), _round(5, 0.25, at * 0.5)]
+    assert not changed(mixed, curve, z=Z, threshold=0.2, failure_share=0.01, confirmations=2)
+    failing = [_round(0, 0.25, at, failed=0.5), _round(5, 0.25, at * 1.5)]
+    assert changed(failing, curve, z=Z, threshold=0.2, failure_share=0.01, confirmations=2)
+
+
+def test_the_pool_prior_is_the_lower_quartile_of_the_lowest_latencies() -> None:
+    assert pool_prior([0.01, 0.02, 0.03, 0.04, 0.05]) == pytest.approx(0.02)
+    assert pool_prior([math.inf]) is None
+
+
+def test_the_utilisation_curve_round_trips_and_rescales() -> None:
+    curve = UtilisationCurve(0.01, 0.5, 4.0)
+    assert curve.latency(0.0) == 0.01 and curve.latency(0.5) == math.inf
+    assert curve.latency(0.25) == pytest.approx(0.01 / (1 - 0.5 ** 4))
+    assert curve_from_dict(curve.to_dict()) == curve
+    assert curve.scaled(2.0).latency(0.5) == pytest.approx(curve.latency(0.25))

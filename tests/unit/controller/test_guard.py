@@ -1,0 +1,75 @@
+"""The plan guard on known answers, and the controller rolling a worse plan back."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from knapsack_lb.controller.core import SolveRequest, SolveResult
+from knapsack_lb.controller.estimation import RoundEvidence
+from knapsack_lb.controller.guard import PlanGuard, vip_latency
+from knapsack_lb.model import PlanFlag, PlanMethod
+
+from .loop import Loop
+
+
+def _ev(mean: float, stderr: float, n: int = 100) -> RoundEvidence:
+    return RoundEvidence(0.0, 0.5, mean, stderr * math.sqrt(n), n, 0.0)
+
+
+def test_the_vip_latency_of_a_round_is_the_plan_weighted_mean() -> None:
+    value, variance = vip_latency({"a": 0.25, "b": 0.75}, {"a": _ev(0.02, 0.002), "b": _ev(0.01, 0.001)}) or (0, 0)
+    assert value == pytest.approx(0.25 * 0.02 + 0.75 * 0.01)
+    assert variance == pytest.approx(0.25 ** 2 * 0.002 ** 2 + 0.75 ** 2 * 0.001 ** 2)
+    assert vip_latency({"a": 0.5, "b": 0.5}, {"a": _ev(0.02, 0.002)}) is None  # half the plan did not answer
+
+
+def _guard(before: float, after: float, stderr: float) -> PlanGuard:
+    guard = PlanGuard()
+    for _ in range(3):
+        guard.observe(1, {"a": 1.0}, {"a": _ev(before, stderr)})
+    for _ in range(2):
+        guard.observe(2, {"a": 1.0}, {"a": _ev(after, stderr)})
+    return guard
+
+
+def test_a_plan_worse_beyond_noise_and_threshold_names_the_one_before() -> None:
+    worse = _guard(0.010, 0.013, 0.0002).verdict(2.0, 0.05)
+    assert worse is not None and worse.version == 1
+    assert _guard(0.010, 0.013, 0.003).verdict(2.0, 0.05) is None  # within the noise
+    assert _guard(0.010, 0.0104, 0.00001).verdict(2.0, 0.05) is None  # significant, but below 5 %
+    assert _guard(0.013, 0.010, 0.0002).verdict(2.0, 0.05) is None  # better
+
+
+def test_rounds_that_vary_more_than_their_probes_widen_the_bound() -> None:
+    guard = PlanGuard()
+    for mean in (0.008, 0.012, 0.010, 0.009, 0.011):  # the load moves: the rounds disagree
+        guard.observe(1, {"a": 1.0}, {"a": _ev(mean, 0.0001)})
+    record = guard.state.current
+    assert record is not None and record.variance > record.variances[0] / len(record.values) ** 2
+
+
+def test_the_controller_rolls_a_worse_plan_back(loop: Loop) -> None:
+    for _ in range(20):
+        loop.tick()
+    good = loop.ctl.plan
+    assert good is not None
+    solve = loop.ctl.solver
+
+    def round_robin(request: SolveRequest) -> SolveResult:
+        result = solve(request)
+        equal = {name: request.total / len(request.dips) for name, *_ in request.dips}
+        return SolveResult(equal, result.predicted_latency, result.objective, PlanMethod.EXACT_GREEDY, 0.0)
+
+    loop.ctl.solver = round_robin
+    loop.ctl._curves_changed = True  # re-solve now
+    rolled = None
+    for _ in range(8):
+        plan = loop.tick()
+        if plan is not None and PlanFlag.ROLLED_BACK in plan.flags:
+            rolled = plan
+            break
+    assert rolled is not None and rolled.method == PlanMethod.KEPT
+    assert any(r.startswith("guard: plan") for r in rolled.reasons)
+    assert rolled.weights == pytest.approx(good.weights, abs=0.02)
