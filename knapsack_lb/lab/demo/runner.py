@@ -5,8 +5,8 @@ configuration :meth:`DemoTestbed.klb_config` generates. The VIP starts *paused* 
 computes and pushes nothing) so the two baseline phases run HAProxy's own algorithms with equal
 weights while the probes already measure (the same probe load in every phase). For KnapsackLB
 the runner unpauses the VIP: the controller learns during a learning period whose traffic is
-not counted (Algorithm 1 measurements, then the solved plan, then ``settle_seconds`` for old
-connections to drain), and keeps running during the counted phase. For the HTTP phase the VIP
+not counted (solved plans from the first rounds on, until they stop moving for ``settle_seconds``),
+and keeps running during the counted phase. For the HTTP phase the VIP
 is paused again so the weights stay at the learned plan.
 
 Every phase starts a fresh load-generator process (fresh connections placed by that phase's
@@ -48,6 +48,7 @@ from knapsack_lb.store import LatencyStore
 
 log = logging.getLogger(__name__)
 
+SETTLED_CHANGE = 0.02  # a learned plan has settled when no weight moves by this much for settle_seconds
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
@@ -245,13 +246,15 @@ class DemoRun:
 
     async def _learn(self, tb: DemoTestbed, store: LatencyStore, adapter: Any, view: LiveView,
                      runner: ServiceRunner) -> None:
-        """Traffic while the controller learns; ends ``settle_seconds`` after the first solved plan
-        (at least ``learn_min_seconds``, at most ``learn_max_seconds``). Not counted."""
+        """Traffic while the controller learns; ends once a solved plan has moved no weight by
+        ``SETTLED_CHANGE`` for ``settle_seconds`` (at least ``learn_min_seconds``, at most
+        ``learn_max_seconds``). Not counted."""
         s = self.settings
-        view.message(f"[bold]learning[/bold]: KnapsackLB controller unpaused (Algorithm 1, then solve); traffic "
+        view.message(f"[bold]learning[/bold]: KnapsackLB controller unpaused (learning from every round); traffic "
                      f"not counted, {s.learn_min_seconds:g}-{s.learn_max_seconds:g} s")
         started = time.monotonic()
-        state: dict[str, Any] = {"learned_at": None, "plans": 0, "last_version": None}
+        state: dict[str, Any] = {"learned_at": None, "plans": 0, "last_version": None, "changed_at": started,
+                                 "settled_weights": None}
         weights: dict[str, float] = {}
         loop = asyncio.get_running_loop()
         pending_plan: list[asyncio.Future[WeightPlan | None]] = []
@@ -267,6 +270,10 @@ class DemoRun:
                             state["learned_at"] = time.monotonic()
                             view.message(f"  solved plan after {time.monotonic() - started:.0f} s: "
                                          + ", ".join(f"{n} {w:.3f}" for n, w in plan.weights.items()))
+                        last = state["settled_weights"]
+                        if not is_learned(plan) or last is None or max(
+                                abs(w - last.get(n, 0.0)) for n, w in plan.weights.items()) >= SETTLED_CHANGE:
+                            state["changed_at"], state["settled_weights"] = time.monotonic(), dict(plan.weights)
                     pending_plan.clear()
                 pending_plan.append(asyncio.ensure_future(store.current_plan(VIP), loop=loop))
             weights.update(adapter.read() or {})
@@ -281,7 +288,7 @@ class DemoRun:
             if runner.stop.is_set():
                 return True
             return elapsed >= s.learn_min_seconds and learned_at is not None and \
-                time.monotonic() - learned_at >= s.settle_seconds
+                time.monotonic() - state["changed_at"] >= s.settle_seconds
 
         await run_loadgen(tb, s, s.learn_max_seconds, 0.0, s.seed * 1000 + 99,
                           self.out_dir / "run" / "load-learning.json", progress, stop_when=done)
