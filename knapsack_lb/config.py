@@ -37,6 +37,7 @@ from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.model import VipConfig
 from knapsack_lb.names import validate_host, validate_name
 from knapsack_lb.plugins import ADAPTERS, load_plugin, validate_settings
+from knapsack_lb.store import DEFAULT_PLAN_HISTORY, DEFAULT_RETENTION_COUNT, DEFAULT_RETENTION_SECONDS
 
 DEFAULT_TOKEN_ENV = "KLB_API_TOKEN"
 
@@ -59,13 +60,16 @@ class RedisSettings(BaseModel):
         "namespaces. Default klb."
     )
     measurement_retention_count: int = Field(
-        720, ge=1, le=1_000_000, description="Probe rounds kept per DIP (count). Default 720 (1 h at 5 s)."
+        DEFAULT_RETENTION_COUNT, ge=1, le=1_000_000,
+        description=f"Probe rounds kept per DIP (count). Default {DEFAULT_RETENTION_COUNT} (1 h at 5 s).",
     )
     measurement_retention_age: float = Field(
-        3600.0, gt=0, description="Probe rounds older than this are dropped (seconds). Default 3600."
+        DEFAULT_RETENTION_SECONDS, gt=0,
+        description=f"Probe rounds older than this are dropped (seconds). Default {DEFAULT_RETENTION_SECONDS:g}.",
     )
     plan_history: int = Field(
-        500, ge=1, le=1_000_000, description="Plans kept per VIP in the plan history (count). Default 500."
+        DEFAULT_PLAN_HISTORY, ge=1, le=1_000_000,
+        description=f"Plans kept per VIP in the plan history (count). Default {DEFAULT_PLAN_HISTORY}.",
     )
 
     @field_validator("url")

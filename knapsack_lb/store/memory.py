@@ -20,8 +20,14 @@ from knapsack_lb.clock import Clock, SystemClock
 from knapsack_lb.errors import InvalidInputError, StalePlanError
 from knapsack_lb.model import Measurement, VipConfig, WeightPlan
 from knapsack_lb.names import validate_name
-from knapsack_lb.store import CurveRecord, InForce, VipSnapshot
-from knapsack_lb.store.redis import DEFAULT_PLAN_HISTORY, DEFAULT_RETENTION_COUNT, DEFAULT_RETENTION_SECONDS
+from knapsack_lb.store import (
+    DEFAULT_PLAN_HISTORY,
+    DEFAULT_RETENTION_COUNT,
+    DEFAULT_RETENTION_SECONDS,
+    CurveRecord,
+    InForce,
+    VipSnapshot,
+)
 
 
 @dataclass

@@ -62,11 +62,15 @@ import redis.asyncio as aioredis
 from knapsack_lb.errors import InvalidInputError, StalePlanError, StoreUnavailableError
 from knapsack_lb.model import Measurement, VipConfig, WeightPlan
 from knapsack_lb.names import validate_name
-from knapsack_lb.store import CurveRecord, InForce, VipSnapshot
+from knapsack_lb.store import (
+    DEFAULT_PLAN_HISTORY,
+    DEFAULT_RETENTION_COUNT,
+    DEFAULT_RETENTION_SECONDS,
+    CurveRecord,
+    InForce,
+    VipSnapshot,
+)
 
-DEFAULT_RETENTION_COUNT = 2000
-DEFAULT_RETENTION_SECONDS = 24 * 3600.0
-DEFAULT_PLAN_HISTORY = 1000
 RESOURCE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
 
 _PUT_LATEST = """
