@@ -926,18 +926,22 @@ class VipController:
         flags: list[PlanFlag] = []
         fixed: dict[str, float] = {n: 0.0 for n in self.dips if n not in live}
         fixed.update({n: w for n, w in pins.items() if n in self.dips})
+        pinned = sum(pins.get(n, 0.0) for n in ready)
+
+        def capacity(limits: Mapping[str, float]) -> float:
+            return pinned + sum(limits[n] * (1 - s.rails.overload_headroom) for n in ready if n not in pins)
+
         limits = {n: self._limit(n, self.dips[n].w_max) for n in ready}
-        cap_sum = sum(pins[n] if n in pins else limits[n] * (1 - s.rails.overload_headroom) for n in ready)
+        cap_sum = capacity(limits)
         free_total = 1.0 - sum(w for n, w in pins.items() if n in self.dips and n not in ready)
         if self._estimating and ready and cap_sum < free_total - 1e-9:
             # the pool needs more than the DIPs' safe bounds: every bound stretched by the same factor
-            stretch = (free_total - sum(pins.get(n, 0.0) for n in ready)) / max(cap_sum - sum(
-                pins.get(n, 0.0) for n in ready), 1e-12) * (1 + 1e-3)
+            stretch = (free_total - pinned) / max(cap_sum - pinned, 1e-12) * (1 + 1e-3)
             limits = {n: self._limit(n, w * stretch) for n, w in limits.items()}
             if self._curves_changed:
                 reasons = [*reasons, f"safe bounds sum to {cap_sum:.3f} < {free_total:.3f}: each stretched "
                            f"x{stretch:.3f}"]
-            cap_sum = sum(pins[n] if n in pins else limits[n] * (1 - s.rails.overload_headroom) for n in ready)
+            cap_sum = capacity(limits)
         method = ""
         predicted: dict[str, float] = {}
         objective_value = math.nan

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from knapsack_lb.curves.base import LatencyCurve
-from knapsack_lb.curves.utilisation import SHAPES, UNBOUNDED, ShapeFit, UtilisationCurve, curve_from_fit, shape_fit
+from knapsack_lb.curves.utilisation import UNBOUNDED, ShapeFit, UtilisationCurve, curve_from_fit, shape_fits
 from knapsack_lb.model import Measurement
 
 PRIOR_SPREAD = 0.25  # relative standard deviation of the pool prior on a DIP's unloaded latency
@@ -131,23 +131,30 @@ def by_weight(rounds: Sequence[RoundEvidence], tolerance: float) -> list[Pooled]
 
 @dataclass(frozen=True)
 class Estimate:
-    """What the rounds say about one DIP: its curve, unloaded latency ``s``, saturation weight (best
-    estimate and lower confidence bound), knee shape ``k``, the largest weight a plan may give it
-    (``cap``) and whether its last round overloaded it."""
+    """What the rounds say about one DIP: its curve, its saturation weight (best estimate), the
+    largest weight a plan may give it (``cap``: the lower confidence bound of the saturation) and
+    whether its last round overloaded it."""
 
     curve: UtilisationCurve
-    s: float
     saturation: float
-    saturation_low: float
-    k: float
     cap: float
     overloaded: bool
     points: int
     dispersion: float = 1.0
 
+    @property
+    def s(self) -> float:
+        """The unloaded latency."""
+        return self.curve.s
+
+    @property
+    def k(self) -> float:
+        """The knee's shape."""
+        return self.curve.k
+
     def describe(self) -> str:
         sat = "unbounded" if self.saturation > 1e2 else f"{self.saturation:.3f}"
-        return (f"s={self.s * 1e3:.1f}ms saturation={sat} (low {self.saturation_low:.3f}) k={self.k:g} "
+        return (f"s={self.s * 1e3:.1f}ms saturation={sat} k={self.k:g} "
                 f"cap={self.cap:.3f}{' overloaded' if self.overloaded else ''}")
 
 
@@ -216,13 +223,13 @@ def estimate(
         if not drop_weights or unloaded is None:
             return None
         # overloaded at every weight seen: nothing but the backoff is known
-        return Estimate(UtilisationCurve(unloaded, w_drop, 1.0), unloaded, w_drop, bound, 1.0, bound, overloaded, 0)
+        return Estimate(UtilisationCurve(unloaded, w_drop, 1.0), w_drop, bound, overloaded, 0)
     w_arr, l_arr, v_arr = np.asarray(ws), np.asarray(ls), np.asarray(vs)
-    fits = [shape_fit(w_arr, l_arr, v_arr, k) for k in SHAPES if len(np.unique(w_arr ** k)) >= 2]
+    fits = shape_fits(w_arr, l_arr, v_arr)
     if not fits:  # seen at (nearly) no load only: its latency is known, its knee not at all
         cap = 0.0 if overloaded else min(floor, bound)
         curve = UtilisationCurve(min(ls), UNBOUNDED * max(cap, 1e-3), 1.0)
-        return Estimate(curve, curve.s, math.inf, cap, 1.0, cap, overloaded, len(bins))
+        return Estimate(curve, math.inf, cap, overloaded, len(bins))
     shapes = _judge_shapes(fits, len(ws), z)
     low, saturation = min(shapes.low, bound), min(shapes.best.saturation(), w_drop)
     if shapes.flat and not overloaded:
@@ -230,8 +237,7 @@ def estimate(
     top = max((w for w in ws if w > 0), default=0.0)
     curve = curve_from_fit(shapes.best, w_arr, None, saturation=max(saturation, low * 1.01, top * 1.01, 1e-6)
                            if math.isfinite(saturation) else None)
-    return Estimate(curve, curve.s, saturation, low, shapes.best.k, max(0.0, low), overloaded, len(bins),
-                    shapes.dispersion)
+    return Estimate(curve, saturation, max(0.0, low), overloaded, len(bins), shapes.dispersion)
 
 
 def changed(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z: float, threshold: float,

@@ -140,9 +140,17 @@ class UtilisationCurve:
         return curve_from_fit(best_shape(ws, ls, np.asarray(ls, dtype=np.float64) ** 2), ws, drop)
 
 
+def shape_fits(ws: FloatArray, ls: FloatArray, variances: FloatArray) -> list[ShapeFit]:
+    """:func:`shape_fit` for every shape of ``SHAPES`` whose ``w ** k`` still tells the weights apart
+    (none when every weight is (nearly) the same)."""
+    return [shape_fit(ws, ls, variances, k) for k in SHAPES if len(np.unique(np.asarray(ws) ** k)) >= 2]
+
+
 def best_shape(ws: FloatArray, ls: FloatArray, variances: FloatArray) -> ShapeFit:
     """The shape of ``SHAPES`` with the smallest ``chi2`` (the sharper knee on a tie)."""
-    fits = [shape_fit(ws, ls, variances, k) for k in SHAPES]
+    fits = shape_fits(ws, ls, variances)
+    if not fits:
+        raise InvalidInputError("points", len(np.unique(ws)), "a shape fit needs latencies at two or more weights")
     return min(fits, key=lambda f: (round(f.chi2, 9), -f.k))
 
 

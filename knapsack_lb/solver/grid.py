@@ -88,10 +88,10 @@ class CurveTable:
         # a finite stand-in for "no saturation" keeps the marginal-cost formula free of inf*0
         self.s_finite = np.where(np.isinf(self.s), 1e300, self.s)
         # the learner's utilisation curves are "generic" for the closed forms, but evaluated in one expression
-        self.is_utilisation = np.array([isinstance(c, UtilisationCurve) for c in self.curves], dtype=bool)
-        self.u_s = np.array([c.s if isinstance(c, UtilisationCurve) else 1.0 for c in self.curves])
-        self.u_c = np.array([c.c if isinstance(c, UtilisationCurve) else 1.0 for c in self.curves])
-        self.u_k = np.array([c.k if isinstance(c, UtilisationCurve) else 1.0 for c in self.curves])
+        utilisation = np.array([(c.s, c.c, c.k) if isinstance(c, UtilisationCurve) else (0.0, 0.0, 0.0)
+                                for c in self.curves], dtype=np.float64).reshape(n, 3)
+        self.is_utilisation = utilisation[:, 1] > 0  # every utilisation curve has c > 0
+        self.u_s, self.u_c, self.u_k = utilisation.T
 
     def marginal(self, objective: str, idx: IntArray, w: FloatArray, unit: float) -> FloatArray | None:
         """Cost of one more unit at weight ``w`` (``cost(w + unit) - cost(w)``) in closed form, or None.
