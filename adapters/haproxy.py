@@ -29,7 +29,12 @@ connections/weight, so weights only matter once requests overlap (at low concurr
 server has 0 connections and it degrades to round robin over the weighted tree);
 ``random`` draws ``random(<n>)`` servers (2 by default) by weight and takes the least loaded,
 which pulls the split toward equal under load (use ``random(1)`` for a pure weighted draw);
-``static-rr`` is refused. Servers of the backend that are not in the plan are left alone.
+``static-rr`` is refused.
+
+The backend is the VIP's pool: an active server that no DIP of the plan maps to (a DIP removed
+from the VIP, or a server the mapping misses) is set to weight 0 in the same apply and verified,
+and the result warns about it; ``backup`` servers are left alone (they take traffic only when
+every active server is down). ``klb check`` refuses a mapping that does not match the backend.
 """
 
 from __future__ import annotations
@@ -98,20 +103,29 @@ def parse_servers_state(text: str) -> list[ServerState]:
     return rows
 
 
-def parse_backend_algo(text: str, backend: str) -> str | None:
-    """The ``algo`` field of ``backend``'s BACKEND row in ``show stat`` CSV, or None."""
+def _stat_rows(text: str, backend: str) -> list[dict[str, str]]:
+    """``backend``'s rows of ``show stat`` CSV as column -> cell."""
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines or not lines[0].startswith("# "):
-        return None
+        return []
     header = lines[0][2:].split(",")
-    if "algo" not in header:
-        return None
-    index = header.index("algo")
-    for line in lines[1:]:
-        cells = line.split(",")
-        if len(cells) > index and cells[0] == backend and cells[1] == "BACKEND":
-            return cells[index]
+    rows = (dict(zip(header, line.split(","), strict=False)) for line in lines[1:])
+    return [row for row in rows if row.get("pxname") == backend]
+
+
+def parse_backend_algo(text: str, backend: str) -> str | None:
+    """The ``algo`` field of ``backend``'s BACKEND row in ``show stat`` CSV, or None."""
+    for row in _stat_rows(text, backend):
+        if row.get("svname") == "BACKEND":
+            return row.get("algo")
     return None
+
+
+def parse_backup_servers(text: str, backend: str) -> frozenset[str]:
+    """``backend``'s ``backup`` servers (column ``bck`` = 1) in ``show stat`` CSV: they take traffic
+    only when every active server is down, so their weights are not part of the split."""
+    return frozenset(row["svname"] for row in _stat_rows(text, backend)
+                     if row.get("svname") not in ("BACKEND", "FRONTEND") and row.get("bck") == "1")
 
 
 class RuntimeApi:
@@ -242,6 +256,8 @@ class HAProxyAdapter:
                     raise HAProxyError(
                         f"backend {self.backend!r} has no server(s) {missing}; it has {sorted(previous)}"
                     )
+                strays = {s: w for s, w in previous.items() if s not in targets}
+                targets.update({s: 0 for s in strays})
                 changed: list[str] = []
                 try:
                     for server, weight in sorted(targets.items()):
@@ -257,6 +273,11 @@ class HAProxyAdapter:
                 warnings = self._save_state_best_effort(api)
         except HAProxyError as exc:
             return self._failed(started, str(exc))
+        zeroed = {s: w for s, w in strays.items() if w}
+        if zeroed:
+            warnings = (f"server(s) of backend {self.backend!r} that no DIP of the plan maps to were set to "
+                        f"weight 0 (from {zeroed}): a removed DIP, or a server to map in adapter.servers",
+                        *warnings)
         self.last_error = ""
         return ApplyResult(
             ok=True,
@@ -317,10 +338,13 @@ class HAProxyAdapter:
         return algo
 
     def _weights(self, api: RuntimeApi) -> dict[str, int]:
+        """Runtime weights of the backend's active servers (``backup`` servers are not in the split)."""
         answer = api.command(f"show servers state {self.backend}")
         if not answer.startswith("1"):
             raise HAProxyError(f"'show servers state {self.backend}' failed: {answer.strip()!r}")
-        return {row.server: row.runtime_weight for row in parse_servers_state(answer) if row.backend == self.backend}
+        backups = parse_backup_servers(api.command(f"show stat {self.backend} 4 -1"), self.backend)
+        return {row.server: row.runtime_weight for row in parse_servers_state(answer)
+                if row.backend == self.backend and row.server not in backups}
 
     def _set_weight(self, api: RuntimeApi, server: str, weight: int) -> None:
         answer = api.command(f"set server {self.backend}/{validate_name('server', server)} weight {int(weight)}")

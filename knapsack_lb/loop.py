@@ -179,6 +179,34 @@ class ControlLoop:
         await self._persist()
         return outcome
 
+    async def stop(self, now: float) -> TickOutcome:
+        """The controller stops: leave the LB on the plan ``loop.on_stop`` names
+        (:meth:`VipController.stop_plan`), applied and confirmed like any plan, and persisted. A paused
+        or dry-run VIP, or one with no load balancer, is left as it is; a refused apply leaves the
+        last confirmed weights (all or nothing, as always)."""
+        ctl = self.controller
+        outcome = TickOutcome(self.vip)
+        observation = await self.source.observe(now)
+        if observation is None or observation.config.paused or observation.config.dry_run:
+            outcome.skipped = "not touched on stop (paused, dry run or no configuration)"
+            return outcome
+        try:
+            sink = self.sinks(observation.config)
+        except KnapsackLBError as exc:
+            sink, outcome.error = None, f"no load balancer for the VIP: {exc}"
+        if sink is None:
+            outcome.skipped = outcome.skipped or "no load balancer selected"
+            return outcome
+        outcome.plan = ctl.stop_plan(now, observation.config)
+        if outcome.plan is None:
+            outcome.skipped = "the load balancer already carries the plan to stop on"
+            return outcome
+        if self.state is not None:
+            await self.state.put_plan(outcome.plan)
+        await self._push(sink, outcome)
+        await self._persist()
+        return outcome
+
     async def _push(self, sink: Sink, outcome: TickOutcome) -> None:
         ctl = self.controller
         pending = ctl.pending

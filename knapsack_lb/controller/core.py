@@ -125,6 +125,11 @@ def default_solver(request: SolveRequest) -> SolveResult:
                        PlanMethod(solution.method), solution.seconds)
 
 
+def is_solved(plan: WeightPlan) -> bool:
+    """A plan the solver placed for latency (not a measurement schedule, not a no-live-DIP fallback)."""
+    return PlanFlag.MEASURING not in plan.flags and PlanFlag.NO_LIVE_DIP not in plan.flags
+
+
 class VipController:
     """One VIP's controller; see the module docstring. Not thread-safe: one step at a time."""
 
@@ -144,6 +149,7 @@ class VipController:
         self.dips: dict[str, DipState] = {}
         self.plan: WeightPlan | None = None  # the last plan emitted (pending until the LB confirms it)
         self.confirmed_version = 0  # the version of the last plan the LB confirmed
+        self.last_solved: WeightPlan | None = None  # the last solved plan the LB confirmed (the plan to stop on)
         self.in_force: dict[str, float] = {}  # the split the LB confirmed it carries ({}: not known yet)
         self.applied_at: float = -math.inf  # when the LB confirmed a change of the split (the drain clock)
         self.scheduled: dict[str, float] = {}
@@ -241,6 +247,7 @@ class VipController:
             version=self.version, drain_time=self.drain_time, drain_measured_at=self.drain_measured_at,
             drain_probe=self._drain, rounds=self.rounds, measurement_rounds=self.measurement_rounds,
             detector=self.detector.state, breaker=self.breaker.state, guard=self.guard.state,
+            last_solved=self.last_solved,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -260,6 +267,7 @@ class VipController:
         ctl = cls(state.vip, (), settings, rng=rng, solver=solver)
         ctl.dips, ctl.plan, ctl.applied_at = state.dips, state.plan, state.applied_at
         ctl.confirmed_version, ctl.in_force, ctl.scheduled = state.confirmed_version, state.in_force, state.scheduled
+        ctl.last_solved = state.last_solved
         ctl.version, ctl.drain_time, ctl.drain_measured_at = state.version, state.drain_time, state.drain_measured_at
         ctl._drain, ctl.rounds, ctl.measurement_rounds = state.drain_probe, state.rounds, state.measurement_rounds
         ctl.detector = ChangeDetector(ctl.settings, state.detector)
@@ -376,6 +384,43 @@ class VipController:
             return  # a newer plan was emitted meanwhile: it is what must be confirmed
         self._carry(carried, at)
         self.confirmed_version = plan.version
+        if is_solved(plan):
+            self.last_solved = plan
+
+    def stop_plan(self, now: float, config: VipConfig) -> WeightPlan | None:
+        """The plan to leave the LB on when this controller stops (``loop.on_stop``), ``None`` when
+        what the LB carries is already that plan or the policy is ``keep``.
+
+        ``last-solved``: the last solved plan the LB confirmed, over the DIPs still live (a drained,
+        failed or removed DIP stays at 0; the rest renormalised); without one, capacity-proportional.
+        ``capacity``: in proportion to each live DIP's estimated capacity (``w_max``); DIPs with no
+        curve yet get the mean of the others', and when none has a curve every live DIP the same
+        (``equal``). Never an all-zero plan: with no live DIP the weights in force stay.
+        """
+        policy = self.settings.loop.on_stop
+        if policy == "keep":
+            return None
+        drained = set(config.drained)
+        live = [n for n, d in self.dips.items() if not d.failed and not self.breaker.is_ejected(n)
+                and n not in drained]
+        if not live:
+            return None
+        note = f"controller stopping (loop.on_stop: {policy})"
+        if policy == "last-solved" and self.last_solved is not None:
+            kept = {n: self.last_solved.weights.get(n, 0.0) for n in live}
+            if sum(kept.values()) > 0 and all(n in self.last_solved.weights for n in live):
+                if self.plan is self.last_solved and self.pending is None:
+                    return None  # the LB already carries it
+                return self._emit(kept, now, PlanMethod.KEPT, [f"{note}: the last solved plan, "
+                                  f"v{self.last_solved.version}"], force=True)
+        ready = {n: self.dips[n].w_max for n in live if self.dips[n].ready}
+        if policy != "equal" and ready:
+            mean = sum(ready.values()) / len(ready)
+            split = capacity_proportional({n: ready.get(n, mean) for n in live})
+            return self._emit(split, now, PlanMethod.CAPACITY_PROPORTIONAL,
+                              [f"{note}: in proportion to estimated capacity"], force=True)
+        return self._emit({n: 1.0 for n in live}, now, PlanMethod.EQUAL_SPLIT,
+                          [f"{note}: equal weights over the live DIPs"], force=True)
 
     def observe_lb(self, carried: Mapping[str, float], at: float) -> None:
         """The LB was read and carries ``carried``: e.g. at start, or changed behind the controller's back."""
@@ -702,6 +747,7 @@ class VipController:
             return None
         names = list(self.dips)
         drained = set(config.drained) if config is not None else set()
+        reasons = reasons + self._note_drains(now, drained)
         # a drain wins over a pin: the operator takes the DIP out of service, whatever it was held at
         pins = {n: w for n, w in config.pins.items() if n not in drained} if config is not None else {}
         live = [n for n in names if not self.dips[n].failed and not self.breaker.is_ejected(n) and n not in drained]
@@ -720,6 +766,20 @@ class VipController:
                 and now < self.applied_at + self.drain_time + self.settings.loop.interval - 1e-9):
             return None  # the last plan has not been observed yet: learn from it before moving again
         return self._solve_plan(now, config, live, pins, drained, reasons)
+
+    def _note_drains(self, now: float, drained: set[str]) -> list[str]:
+        """A DIP leaving the operator's drain comes back like a recovered one: slow start from
+        ``rails.min_weight`` on its kept curve, never at once to its solved share."""
+        reasons = []
+        for name, dip in self.dips.items():
+            if dip.drained and name not in drained:
+                dip.returned_at = now
+                self.detector.reset(name)
+                reasons.append(f"undrained: {name} ramps up from {self.settings.rails.min_weight:g} (slow start)")
+            elif name in drained and not dip.drained:
+                reasons.append(f"drained: {name} set to 0 by the operator")
+            dip.drained = name in drained
+        return reasons
 
     def _rollback(self, now: float, live: list[str], pins: Mapping[str, float],
                   reasons: list[str]) -> WeightPlan | None:

@@ -54,6 +54,13 @@ class LoopSettings(_Group):
     lease_ttl: float = Field(
         15.0, gt=0, description="Seconds a controller's lease on a VIP lasts unrenewed; then another takes it over."
     )
+    on_stop: Literal["last-solved", "capacity", "equal", "keep"] = Field(
+        "last-solved",
+        description="The plan a stopping controller (SIGTERM, SIGINT) leaves each VIP's LB on: the last solved plan "
+        "the LB confirmed (else capacity-proportional, else equal), capacity-proportional, equal weights over the "
+        "live DIPs, or keep whatever is in force. Paused and dry-run VIPs are never touched. "
+        "See docs/operations.md#stopping-klb.",
+    )
 
 
 class LearningSettings(_Group):

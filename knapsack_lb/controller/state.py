@@ -57,6 +57,7 @@ class DipState:
     dispersion: float = 1.0  # how much more its rounds vary than their own spread says (the learner's fit)
     held: float | None = None  # after a rollback: the weight it may not exceed until ``held_until``
     held_until: float = -math.inf
+    drained: bool = False  # the operator drains it: leaving the drain is a return (slow start)
 
     @property
     def ready(self) -> bool:
@@ -99,6 +100,7 @@ class ControllerState(BaseModel):
     detector: DetectorState = Field(default_factory=DetectorState)
     breaker: BreakerState = Field(default_factory=BreakerState)
     guard: GuardState = Field(default_factory=GuardState)
+    last_solved: WeightPlan | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types only (non-finite numbers as strings): safe for any JSON writer."""

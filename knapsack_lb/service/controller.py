@@ -24,6 +24,11 @@ the stored plan's, and the store refuses a plan that is not newer than the store
 (:class:`~knapsack_lb.errors.StalePlanError`): a controller that was paused (SIGSTOP, a long GC,
 a partition) while another took its VIP over drops the VIP instead of pushing its stale plan.
 
+Stopping: when the stop event is set (SIGTERM, SIGINT), every VIP this process runs is left on the
+plan ``loop.on_stop`` names before its lease is released (:meth:`ControlLoop.stop`): by default the
+last solved plan the LB confirmed, so a controller stopped while learning never leaves the LB on a
+measurement plan.
+
 Faults: the store being unreachable never ends the service. A pass that cannot reach it is
 abandoned, logged once per outage, and retried with exponential backoff (``RETRY_INITIAL``
 doubling up to the interval); meanwhile no lease is renewed, nothing is pushed and the load
@@ -220,12 +225,31 @@ class ControllerService:
             if max_rounds is not None and done >= max_rounds:
                 break
             await self._sleep(stop, wait)
+        if stop.is_set():
+            await self.leave_safe_plans()
         for vip in list(self.loops):
             with contextlib.suppress(KnapsackLBError, OSError, ConnectionError):
                 await self.store.release_lease(LEASE_GROUP, vip, self.controller_id)
         with contextlib.suppress(KnapsackLBError, OSError, ConnectionError):
             await self.store.release_lease(IDENTITY_GROUP, self.controller_id, self.token)
         self.adapters.close()
+
+    async def leave_safe_plans(self) -> None:
+        """On stop, every VIP this process runs is left on the plan ``loop.on_stop`` names (one
+        attempt each, in the stop grace; a failure is logged and the LB keeps what it carries)."""
+        now = _wall(self.clock)
+        for vip, loop in list(self.loops.items()):
+            try:
+                outcome = await loop.stop(now)
+            except (KnapsackLBError, OSError, ConnectionError, ValueError) as exc:
+                log.warning("could not leave a safe plan on stop", extra={"vip": vip, "error": short_repr(str(exc))})
+                continue
+            if outcome.plan is not None and outcome.pushed:
+                log.info("left the load balancer on the stop plan", extra={
+                    "vip": vip, "version": outcome.plan.version, "method": str(outcome.plan.method),
+                    "reason": outcome.plan.reasons[-1] if outcome.plan.reasons else ""})
+            elif outcome.error:
+                log.warning("could not leave a safe plan on stop", extra={"vip": vip, "error": outcome.error})
 
     async def _sleep(self, stop: asyncio.Event, seconds: float) -> None:
         if isinstance(self.clock, SystemClock):

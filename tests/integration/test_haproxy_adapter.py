@@ -70,6 +70,19 @@ def test_fifty_weight_changes_under_traffic_fail_no_request(haproxy: HAProxyTest
     assert adapter.read() == pytest.approx(plans[-1].weights, abs=0.01)
 
 
+def test_a_server_no_dip_of_the_plan_maps_to_is_set_to_zero_and_reported(haproxy: HAProxyTestbed) -> None:
+    adapter = _adapter(haproxy)
+    assert adapter.apply(WeightPlan(vip="web", weights=TARGET)).ok
+    result = adapter.apply(WeightPlan(vip="web", weights={"b1": 0.5, "b2": 0.5}))  # b3 removed from the VIP
+    assert result.ok, result.reason
+    assert adapter.read_integers()["b3"] == 0 and adapter.read()["b3"] == 0.0
+    assert any("b3" in w and "weight 0" in w for w in result.warnings)
+    counts = lb_harness.measure_split(haproxy, 600)
+    assert "b3" not in counts and "<failed>" not in counts
+    again = adapter.apply(WeightPlan(vip="web", weights={"b1": 0.4, "b2": 0.6}))
+    assert again.ok and not again.warnings  # already at 0: nothing to report
+
+
 def test_weight_zero_takes_a_server_out_of_rotation(haproxy: HAProxyTestbed) -> None:
     adapter = _adapter(haproxy)
     assert adapter.apply(WeightPlan(vip="web", weights={"b1": 0.0, "b2": 0.5, "b3": 0.5})).ok

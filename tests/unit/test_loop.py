@@ -8,13 +8,14 @@ from collections.abc import Mapping
 
 import pytest
 
-from knapsack_lb.controller.core import VipController
+from knapsack_lb.controller.core import VipController, is_solved
+from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.lab.fluid import FluidLab, FluidModel, vip_config
 from knapsack_lb.loop import ControlLoop, ExactSink, FunctionSource, QuantisingSink, fixed, run_now, split_distance
 from knapsack_lb.model import Measurement, VipConfig
 from knapsack_lb.quantise import QUANTISERS
 from knapsack_lb.store.memory import MemoryLatencyStore
-from tests.unit.controller.loop import FAST, small_pool
+from tests.unit.controller.loop import ALGORITHM1, FAST, small_pool
 
 
 class TruthSource:
@@ -68,10 +69,11 @@ def test_one_scenario_gives_the_same_plans_through_every_sink() -> None:
             assert split_distance(a, b) <= tolerance, lb
 
 
-def _lab_loop(sink_lb: str | None = None) -> tuple[FluidLab, ControlLoop, ExactSink | QuantisingSink]:
+def _lab_loop(sink_lb: str | None = None, settings: ControllerSettings = FAST,
+              ) -> tuple[FluidLab, ControlLoop, ExactSink | QuantisingSink]:
     model = FluidModel(small_pool(), total_rate=0.7 * sum(d.capacity for d in small_pool()), seed=2)
     lab = FluidLab(model, vip_config("vip", model.names))
-    ctl = VipController("vip", model.names, FAST, rng=random.Random(1))
+    ctl = VipController("vip", model.names, settings, rng=random.Random(1))
     sink: ExactSink | QuantisingSink = lab.sink
     if sink_lb is not None:
         sink = QuantisingSink(sink_lb, lambda weights: model.set_weights(weights, lab.now))
@@ -186,6 +188,66 @@ async def test_rounds_stamped_with_another_split_are_not_learned_from() -> None:
     before = ctl.dips[name].last_round
     ctl.step(lab.now + 5.0, stale)
     assert ctl.dips[name].last_round == before
+
+
+async def _tick(lab: FluidLab, loop: ControlLoop, times: int = 1) -> None:
+    for _ in range(times):
+        lab.now += 5.0
+        await loop.tick(lab.now)
+
+
+async def test_stopping_mid_measurement_leaves_the_last_solved_plan() -> None:
+    lab, loop, sink = _lab_loop("haproxy", ALGORITHM1)
+    ctl = loop.controller
+    for _ in range(80):
+        await _tick(lab, loop)
+        if ctl.plan is not None and is_solved(ctl.plan) and ctl.pending is None and not ctl.measuring:
+            break
+    solved = ctl.last_solved
+    assert solved is not None and solved.version == ctl.confirmed_version
+    lab.remeasure.add("c")  # Algorithm 1 measures c again: measurement plans reach the LB
+    await _tick(lab, loop, 2)
+    assert ctl.plan is not None and "measuring" in ctl.plan.flags and ctl.pending is None
+    lab.now += 1.0
+    outcome = await loop.stop(lab.now)
+    assert outcome.pushed and outcome.plan is not None and outcome.plan.method == "kept"
+    assert outcome.plan.weights == pytest.approx(dict(solved.weights))
+    assert split_distance(await sink.read() or {}, solved.weights) < 0.01
+    assert any("controller stopping" in r for r in outcome.plan.reasons)
+    stored = await loop.state.current_plan("vip")  # type: ignore[union-attr]
+    assert stored is not None and stored.version == outcome.plan.version
+    assert (await loop.stop(lab.now + 1.0)).plan is None  # already on it: nothing more is pushed
+
+
+@pytest.mark.parametrize("policy", ["equal", "capacity", "last-solved"])
+async def test_stopping_before_anything_is_learned_leaves_equal_weights(policy: str) -> None:
+    lab, loop, _ = _lab_loop(None, ALGORITHM1.tuned(loop={"on_stop": policy}))
+    lab.config = lab.config.model_copy(update={"drained": ("b",)})
+    await _tick(lab, loop)  # the first measurement round is on the LB
+    outcome = await loop.stop(lab.now + 1.0)
+    assert outcome.pushed and outcome.plan is not None
+    assert outcome.plan.method == "equal-split" and outcome.plan.weights["b"] == 0.0  # a drained DIP stays out
+    assert min(w for n, w in outcome.plan.weights.items() if n != "b") > 0.1
+
+
+async def test_stopping_on_capacity_spreads_by_estimated_capacity() -> None:
+    lab, loop, _ = _lab_loop(None, FAST.tuned(loop={"on_stop": "capacity"}))
+    await _tick(lab, loop, 10)
+    outcome = await loop.stop(lab.now + 1.0)
+    assert outcome.pushed and outcome.plan is not None and outcome.plan.method == "capacity-proportional"
+    w_max = {n: d.w_max for n, d in loop.controller.dips.items()}
+    assert outcome.plan.weights == pytest.approx({n: w / sum(w_max.values()) for n, w in w_max.items()})
+
+
+async def test_stopping_leaves_paused_dry_run_and_keep_alone() -> None:
+    for update, settings in (({"paused": True}, ALGORITHM1), ({"dry_run": True}, ALGORITHM1),
+                             ({}, ALGORITHM1.tuned(loop={"on_stop": "keep"}))):
+        lab, loop, sink = _lab_loop(None, settings)
+        await _tick(lab, loop)
+        carried = await sink.read()
+        lab.config = lab.config.model_copy(update=update)
+        outcome = await loop.stop(lab.now + 1.0)
+        assert outcome.plan is None and not outcome.pushed and await sink.read() == carried
 
 
 def test_run_now_refuses_a_coroutine_that_waits() -> None:

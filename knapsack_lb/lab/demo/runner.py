@@ -30,6 +30,7 @@ from typing import Any
 from rich.console import Console
 
 from adapters.base import make_adapter
+from knapsack_lb.controller.core import is_solved
 from knapsack_lb.lab.demo.live import LiveView
 from knapsack_lb.lab.demo.phases import PHASES, Phase
 from knapsack_lb.lab.demo.report import (
@@ -42,7 +43,7 @@ from knapsack_lb.lab.demo.report import (
 )
 from knapsack_lb.lab.demo.settings import DemoSettings
 from knapsack_lb.lab.demo.testbed import VIP, DemoTestbed
-from knapsack_lb.model import PlanFlag, WeightPlan
+from knapsack_lb.model import WeightPlan
 from knapsack_lb.service.runner import ServiceRunner, api_component, controller_component, open_store, probe_component
 from knapsack_lb.store import LatencyStore
 
@@ -102,7 +103,7 @@ async def run_loadgen(tb: DemoTestbed, settings: DemoSettings, duration: float, 
 
 def is_learned(plan: WeightPlan | None) -> bool:
     """A solved plan (not an Algorithm 1 measurement schedule, not an equal split)."""
-    return plan is not None and PlanFlag.MEASURING not in plan.flags and PlanFlag.NO_LIVE_DIP not in plan.flags
+    return plan is not None and is_solved(plan)
 
 
 async def set_paused(store: LatencyStore, paused: bool) -> None:

@@ -13,6 +13,7 @@ from adapters.haproxy import (
     HAProxyError,
     RuntimeApi,
     parse_backend_algo,
+    parse_backup_servers,
     parse_servers_state,
 )
 from knapsack_lb.errors import InvalidInputError
@@ -61,6 +62,13 @@ def test_parse_backend_algo_finds_the_backend_row() -> None:
     assert parse_backend_algo(text, "klb") == "static-rr"
     assert parse_backend_algo(text, "fe") is None
     assert parse_backend_algo("Can't find backend.\n", "klb") is None
+
+
+def test_parse_backup_servers_finds_the_bck_column() -> None:
+    text = ("# pxname,svname,status,bck,algo\nklb,b1,UP,0,\nklb,spare,UP,1,\nklb,BACKEND,UP,0,roundrobin\n"
+            "other,x,UP,1,\n")
+    assert parse_backup_servers(text, "klb") == {"spare"}
+    assert parse_backup_servers("No such backend.\n", "klb") == frozenset()
 
 
 @pytest.mark.parametrize(

@@ -123,6 +123,31 @@ def test_overrides_pins_drains_and_pause(loop: Loop) -> None:
     assert loop.tick(config=vip_config(names, paused=True)) is None
 
 
+def test_a_drain_wins_over_a_pin_and_an_undrained_dip_ramps_up(loop: Loop) -> None:
+    for _ in range(20):
+        loop.tick()
+    names = list("abcd")
+    plan = loop.tick(config=vip_config(names, drained=("d",), pins={"d": 0.3}))
+    assert plan is not None and plan.weights["d"] == 0.0 and any("drained: d" in r for r in plan.reasons)
+    for _ in range(5):
+        loop.tick()
+    solved_before = loop.ctl.plan
+    assert solved_before is not None and solved_before.weights["d"] == 0.0
+    plan = loop.tick(config=vip_config(names))
+    ramp = loop.ctl.settings.rails.slow_start
+    assert plan is not None and any("undrained: d" in r for r in plan.reasons)
+    first = plan.weights["d"]
+    assert first <= loop.ctl.settings.rails.min_weight + 0.05  # not at once to its solved share
+    shares = [first]
+    for _ in range(int(ramp / loop.ctl.settings.loop.interval) + 10):
+        loop.tick()
+        assert loop.ctl.plan is not None
+        shares.append(loop.ctl.plan.weights["d"])
+    assert shares[-1] > 0.3  # d holds 4 of the 8 cores: it ends with a large share
+    step = shares[-1] * loop.ctl.settings.loop.interval / ramp  # the slow start's pace
+    assert max(b - a for a, b in itertools.pairwise(shares)) <= 1.5 * step  # it ramps, it never jumps
+
+
 def test_a_dip_added_to_a_live_pool_is_measured_from_weight_zero(algorithm1_loop: Loop) -> None:
     loop = algorithm1_loop
     loop.until_built()
