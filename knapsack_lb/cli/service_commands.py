@@ -12,6 +12,7 @@ import contextlib
 import json
 import sys
 from dataclasses import asdict, dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -103,6 +104,23 @@ async def _check_dips(config: KlbConfig) -> list[CheckItem]:
     return items
 
 
+def mapping_mismatch(dips: list[str], carried: Mapping[str, float]) -> str:
+    """Why the LB's servers (``carried``: the adapter's ``read()``, keyed by the DIP each server maps
+    to, or by the server's own name when none does) do not match the VIP's DIPs; ``""`` when they
+    do, or when the LB carries nothing yet (a file the adapter writes on its first apply)."""
+    if not carried:
+        return ""
+    unmapped = sorted(set(carried) - set(dips))
+    missing = sorted(set(dips) - set(carried))
+    problems = []
+    if missing:
+        problems.append(f"DIP(s) {missing} map to no server of the load balancer (adapter.servers)")
+    if unmapped:
+        problems.append(f"server(s) {unmapped} of the load balancer map to no DIP of the VIP: map them in "
+                        "adapter.servers or take them out of the pool (the controller sets them to 0)")
+    return "; ".join(problems)
+
+
 async def _check_adapters(config: KlbConfig) -> list[CheckItem]:
     """Each VIP's load balancer, through its adapter's read-only ``check`` (the operator's binaries
     in read-only modes only, e.g. ``nginx -t``; nothing is written, signalled or started)."""
@@ -125,7 +143,12 @@ async def _check_adapters(config: KlbConfig) -> list[CheckItem]:
         try:
             result = await asyncio.wait_for(asyncio.to_thread(adapter.check), timeout=15.0)
             detail = result.detail or ("ok" if result.ok else "check failed")
-            items.append(CheckItem(what, target, bool(result.ok), detail))
+            ok = bool(result.ok)
+            if ok:
+                carried = await asyncio.wait_for(asyncio.to_thread(adapter.read), timeout=15.0)
+                problem = mapping_mismatch([d.name for d in vip.dips], carried)
+                ok, detail = (False, problem) if problem else (True, detail)
+            items.append(CheckItem(what, target, ok, detail))
         except Exception as exc:
             items.append(CheckItem(what, target, False, f"{type(exc).__name__}: {exc}"))
         finally:
