@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from knapsack_lb.controller.core import VipController
-from knapsack_lb.errors import KnapsackLBError
+from knapsack_lb.errors import KnapsackLBError, short_repr
 from knapsack_lb.model import ApplyResult, Measurement, VipConfig, WeightPlan
 from knapsack_lb.quantise import quantiser
 from knapsack_lb.store import InForce, LatencyStore
@@ -64,6 +64,13 @@ def split_distance(a: Mapping[str, float], b: Mapping[str, float]) -> float:
     """Total variation distance between two splits: the share of traffic that goes elsewhere."""
     names = set(a) | set(b)
     return 0.5 * sum(abs(a.get(n, 0.0) - b.get(n, 0.0)) for n in names)
+
+
+def weight_changes(before: Mapping[str, float], after: Mapping[str, float], top: int = 4) -> str:
+    """The largest moves from one split to another, e.g. ``"b 0.250->0.400, c 0.250->0.100"``."""
+    names = sorted(set(before) | set(after), key=lambda n: -abs(after.get(n, 0.0) - before.get(n, 0.0)))
+    moved = [n for n in names if abs(after.get(n, 0.0) - before.get(n, 0.0)) >= 5e-4][:top]
+    return ", ".join(f"{n} {before.get(n, 0.0):.3f}->{after.get(n, 0.0):.3f}" for n in moved) or "no change"
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,7 @@ class ControlLoop:
     counters: dict[str, int] = field(default_factory=dict)
     on_apply: Callable[[WeightPlan, ApplyResult, float], None] | None = None
     _started: bool = False
+    _failing: int = 0  # applies refused in a row
 
     @property
     def vip(self) -> str:
@@ -222,8 +230,10 @@ class ControlLoop:
         carried = await sink.read()
         if carried is None or split_distance(carried, ctl.in_force) <= DRIFT_TOLERANCE:
             return
-        log.warning("the load balancer carries another split than the confirmed plan; re-applying",
-                    extra={"vip": self.vip, "distance": round(split_distance(carried, ctl.in_force), 4)})
+        log.warning("the load balancer carries another split than the confirmed plan (an edit or a reload "
+                    "behind the controller's back); re-applying",
+                    extra={"vip": self.vip, "distance": round(split_distance(carried, ctl.in_force), 4),
+                           "lb_vs_plan": weight_changes(ctl.in_force, carried)})
         result = await self._apply(sink, ctl.plan, reapply=True)
         outcome.applied = result
         outcome.reapplied = result.ok
@@ -231,8 +241,10 @@ class ControlLoop:
             outcome.error = f"re-applying plan v{ctl.plan.version} failed: {result.reason}"
 
     async def _apply(self, sink: Sink, plan: WeightPlan, *, reapply: bool = False) -> ApplyResult:
+        before = dict(self.controller.in_force)
         result = await sink.apply(plan)
         at = self.clock()
+        self._log_apply(plan, result, before, reapply)
         if result.ok:
             carried = result.carried() or dict(plan.weights)
             self.controller.confirm(plan, carried, at)
@@ -247,6 +259,23 @@ class ControlLoop:
         if self.on_apply is not None:
             self.on_apply(plan, result, at)
         return result
+
+    def _log_apply(self, plan: WeightPlan, result: ApplyResult, before: Mapping[str, float], reapply: bool) -> None:
+        """One INFO line per applied plan, one WARNING per failure with the LB's own reason, and one
+        INFO line when the LB takes plans again after failures."""
+        fields = {"vip": self.vip, "version": plan.version, "method": str(plan.method)}
+        if not result.ok:
+            self._failing += 1
+            log.warning("the load balancer refused the plan; it keeps the last confirmed weights",
+                        extra={**fields, "reason": short_repr(result.reason, 300), "failures_in_a_row": self._failing})
+            return
+        if self._failing:
+            log.info("the load balancer takes plans again", extra={**fields, "after_failures": self._failing})
+            self._failing = 0
+        log.info("plan re-applied" if reapply else "plan applied", extra={
+            **fields, "changes": weight_changes(before, result.carried() or plan.weights),
+            "reason": short_repr(plan.reasons[-1] if plan.reasons else "", 200),
+            **({"warnings": list(result.warnings)} if result.warnings else {})})
 
     async def _persist(self) -> None:
         if self.state is None:

@@ -819,6 +819,10 @@ class VipController:
         restated = self.plan is not None and _same_weights(self.plan.weights, full)
         if not force and not reasons and restated:
             return None
+        if not reasons:  # every plan says why it exists
+            reasons = [("slow start: the ramp's next step" if PlanFlag.SLOW_START in flags else
+                        "curves updated from new rounds: re-solved" if self._curves_changed else
+                        "the next step toward the solved plan (rails limit each change)")]
         self.version += 1
         plan = WeightPlan(
             vip=self.vip, weights=full, predicted_latency=dict(predicted or {}), objective=objective,

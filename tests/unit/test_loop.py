@@ -259,3 +259,24 @@ def test_run_now_refuses_a_coroutine_that_waits() -> None:
     with pytest.raises(RuntimeError, match="waited"):
         run_now(waits())
 
+
+
+async def test_applies_failures_and_recovery_are_logged_with_their_reasons(caplog: pytest.LogCaptureFixture) -> None:
+    lab, loop, sink = _lab_loop("haproxy")
+    caplog.set_level("INFO", logger="knapsack_lb.loop")
+    await _tick(lab, loop)
+    applied = [r for r in caplog.records if r.getMessage() == "plan applied"]
+    assert applied and applied[0].version == 1 and "->" in applied[0].changes and applied[0].reason  # type: ignore[attr-defined]
+    caplog.clear()
+    sink.fail_next.extend(["admin socket unreachable"] * 2)
+    for _ in range(8):
+        await _tick(lab, loop)
+        if not sink.fail_next:
+            break
+    refused = [r for r in caplog.records if r.levelname == "WARNING" and "refused" in r.getMessage()]
+    assert refused and "admin socket unreachable" in refused[0].reason  # type: ignore[attr-defined]
+    await _tick(lab, loop, 3)
+    back = [r for r in caplog.records if r.getMessage() == "the load balancer takes plans again"]
+    assert len(back) == 1 and back[0].after_failures == 2  # type: ignore[attr-defined]
+    plans = await loop.state.plan_history("vip", limit=100)  # type: ignore[union-attr]
+    assert plans and all(p.reasons for p in plans)
