@@ -47,6 +47,7 @@ T = TypeVar("T")
 DRIFT_TOLERANCE = 0.01  # total variation distance between the confirmed split and the LB's before re-applying
 APPLY_FAILURES = "apply_failures"  # counters kept in the stored controller state (the API's metrics)
 APPLY_WARNINGS = "apply_warnings"
+APPLY_ERROR = "apply_error"  # the reason the last apply failed, "" when it succeeded
 
 
 def run_now(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -142,6 +143,7 @@ class ControlLoop:
     on_apply: Callable[[WeightPlan, ApplyResult, float], None] | None = None
     _started: bool = False
     _failing: int = 0  # applies refused in a row
+    apply_error: str = ""  # why the last apply failed ("" once one succeeds), kept with the state
 
     @property
     def vip(self) -> str:
@@ -264,6 +266,7 @@ class ControlLoop:
         """One INFO line per applied plan, one WARNING per failure with the LB's own reason, and one
         INFO line when the LB takes plans again after failures."""
         fields = {"vip": self.vip, "version": plan.version, "method": str(plan.method)}
+        self.apply_error = "" if result.ok else (result.reason or "refused")
         if not result.ok:
             self._failing += 1
             log.warning("the load balancer refused the plan; it keeps the last confirmed weights",
@@ -282,6 +285,7 @@ class ControlLoop:
             return
         state = self.controller.to_dict()
         state.update(self.counters)
+        state[APPLY_ERROR] = self.apply_error
         await self.state.put_controller_state(self.vip, state)
 
 

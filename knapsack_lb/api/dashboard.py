@@ -15,6 +15,7 @@ import json
 from importlib import resources
 from string import Template
 
+from knapsack_lb.api.metrics import apply_failures, dip_states
 from knapsack_lb.api.schemas import CurveOut, DashboardOut, DipView, PlanOut, SeriesPoint, finite_or_none
 from knapsack_lb.model import VipConfig
 from knapsack_lb.store import LatencyStore
@@ -40,6 +41,9 @@ async def build(store: LatencyStore, config: VipConfig, limit: int) -> Dashboard
     snap = await store.snapshot(vip)
     history = await store.plan_history(vip, limit=limit)
     plan = snap.current_plan
+    state = snap.controller_state or {}
+    known = dip_states(state)
+    in_force = snap.in_force
     views = []
     for dip in config.dips:
         name = dip.name
@@ -55,6 +59,11 @@ async def build(store: LatencyStore, config: VipConfig, limit: int) -> Dashboard
                 measured_weight=None if latest is None else finite_or_none(latest.weight),
                 pinned=finite_or_none(config.pins.get(name)),
                 drained=name in config.drained,
+                lb_weight=None if in_force is None else finite_or_none(in_force.weights.get(name, 0.0)),
+                probe_errors=0 if latest is None else latest.errors + latest.timeouts,
+                probe_sent=0 if latest is None else latest.sent,
+                learning=known.get(name, {}).get("learning", record is None),
+                overloaded=known.get(name, {}).get("overloaded", False),
                 curve=None if record is None else CurveOut.of(record),
                 weight_series=[
                     SeriesPoint(time=p.computed_at, value=finite_or_none(p.weights.get(name))) for p in history
@@ -62,7 +71,11 @@ async def build(store: LatencyStore, config: VipConfig, limit: int) -> Dashboard
                 latency_series=[SeriesPoint(time=m.time, value=finite_or_none(m.latency_mean)) for m in rounds],
             )
         )
-    return DashboardOut(vip=vip, plan=None if plan is None else PlanOut.of(plan), dips=views)
+    failures = apply_failures(state)
+    return DashboardOut(
+        vip=vip, plan=None if plan is None else PlanOut.of(plan), dips=views, paused=config.paused,
+        dry_run=config.dry_run, lb_version=None if in_force is None else in_force.version,
+        apply_error=str(state.get("apply_error") or ""), apply_failures=int(failures or 0))
 
 
 def _json_for_script(value: object) -> str:

@@ -14,7 +14,13 @@ Metrics (labels ``vip`` and, where it applies, ``dip``):
 * ``klb_probe_requests`` / ``klb_probe_errors`` / ``klb_probe_timeouts`` - of that round
 * ``klb_probe_age_seconds`` - age of that round (wall clock)
 * ``klb_plan_version``, ``klb_plan_solve_seconds``, ``klb_plan_age_seconds`` - per VIP
+* ``klb_lb_weight`` - the split the load balancer confirmed it carries (fraction; beside the plan's)
 * ``klb_apply_failures_total`` - failed pushes to the LB, as the controller counts them
+* ``klb_apply_error`` - 1 while the last push to the LB failed (the reason is in ``/status``)
+* ``klb_plan_flag`` - 1 per flag of the current plan (label ``flag``: ``over-capacity``,
+  ``measuring``, ``slow-start``, ``rolled-back`` ...)
+* ``klb_dip_learning`` - 1 while the DIP has no usable curve yet (or is being measured)
+* ``klb_dip_overloaded`` - 1 while the controller judges the DIP overloaded at its weight
 * ``klb_vip_paused``, ``klb_vip_dry_run`` - operator overrides (0/1)
 * ``klb_store_up`` - 1 when the store answered
 * ``klb_component_up`` - 1 per controller and probe worker whose status has not expired
@@ -69,6 +75,21 @@ def apply_failures(state: Mapping[str, Any] | None) -> float | None:
     return None
 
 
+def dip_states(state: Mapping[str, Any]) -> dict[str, dict[str, bool]]:
+    """Per DIP of a stored controller state: ``learning`` (no usable curve yet, or in an Algorithm 1
+    measurement) and ``overloaded`` (the learner's judgement at its weight)."""
+    dips = state.get("dips")
+    if not isinstance(dips, Mapping):
+        return {}
+    result = {}
+    for name, dip in dips.items():
+        if isinstance(dip, Mapping):
+            usable = dip.get("curve") is not None and (_number(dip.get("w_max")) or 0.0) > 0
+            result[str(name)] = {"learning": not usable or dip.get("measuring") is not None,
+                                 "overloaded": bool(dip.get("overloaded"))}
+    return result
+
+
 async def gather(store: LatencyStore, now: float) -> MetricsSnapshot:
     """One snapshot per VIP; a store that fails gives ``store_up`` 0 and no other metric."""
     try:
@@ -121,6 +142,12 @@ class StoreCollector(Collector):
         age = gauge("klb_plan_age_seconds", "Seconds since the VIP's current plan was computed.", ["vip"])
         paused = gauge("klb_vip_paused", "1 when the VIP is paused by an operator.", ["vip"])
         dry = gauge("klb_vip_dry_run", "1 when the VIP's plans are not pushed (dry run).", ["vip"])
+        lb_weight = gauge("klb_lb_weight", "The split the load balancer confirmed it carries (fraction).",
+                          ["vip", "dip"])
+        apply_error = gauge("klb_apply_error", "1 while the last push to the load balancer failed.", ["vip"])
+        plan_flag = gauge("klb_plan_flag", "1 per flag of the VIP's current plan.", ["vip", "flag"])
+        learning = gauge("klb_dip_learning", "1 while the DIP has no usable curve yet.", ["vip", "dip"])
+        overloaded = gauge("klb_dip_overloaded", "1 while the DIP is judged overloaded at its weight.", ["vip", "dip"])
         failures = CounterMetricFamily(
             "klb_apply_failures", "Failed pushes of a plan to the load balancer.", labels=["vip"]
         )
@@ -146,6 +173,18 @@ class StoreCollector(Collector):
             count = apply_failures(vs.controller_state)
             if count is not None:
                 failures.add_metric([vip], count)
+            if vs.in_force is not None:
+                for dip, w in sorted(vs.in_force.weights.items()):
+                    lb_weight([vip, dip], _number(w))
+            if plan is not None:
+                for flag in plan.flags:
+                    plan_flag([vip, str(flag)], 1.0)
+            state = vs.controller_state or {}
+            if state:
+                apply_error([vip], 1.0 if state.get("apply_error") else 0.0)
+            for dip, known in sorted(dip_states(state).items()):
+                learning([vip, dip], 1.0 if known["learning"] else 0.0)
+                overloaded([vip, dip], 1.0 if known["overloaded"] else 0.0)
         yield from g.values()
         yield failures
         yield from self._components()

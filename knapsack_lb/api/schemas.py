@@ -226,6 +226,11 @@ class DipView(BaseModel):
     measured_weight: float | None = Field(description="Weight in effect during the latest probe round.")
     pinned: float | None
     drained: bool
+    lb_weight: float | None = Field(None, description="The share the load balancer confirmed it carries.")
+    probe_errors: int = Field(0, description="Errors and timeouts in the latest probe round.")
+    probe_sent: int = Field(0, description="Requests sent in the latest probe round.")
+    learning: bool = Field(False, description="No usable curve yet (or Algorithm 1 measures it).")
+    overloaded: bool = Field(False, description="The controller judges it overloaded at its weight.")
     curve: CurveOut | None
     weight_series: list[SeriesPoint] = Field(description="Planned weight over time (plan history).")
     latency_series: list[SeriesPoint] = Field(description="Probe mean latency over time (s).")
@@ -235,3 +240,8 @@ class DashboardOut(BaseModel):
     vip: str
     plan: PlanOut | None
     dips: list[DipView]
+    paused: bool = Field(False, description="An operator paused the VIP: nothing is computed or pushed.")
+    dry_run: bool = Field(False, description="Plans are computed but never pushed to the load balancer.")
+    lb_version: int | None = Field(None, description="Version of the plan the load balancer confirmed last.")
+    apply_error: str = Field("", description="Why the last push to the load balancer failed ('' when it did not).")
+    apply_failures: int = Field(0, description="Failed pushes to the load balancer so far.")

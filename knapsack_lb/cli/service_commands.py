@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 import json
 import sys
-from dataclasses import asdict, dataclass
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated
 

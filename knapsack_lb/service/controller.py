@@ -57,7 +57,7 @@ from knapsack_lb.config import KlbConfig, process_id
 from knapsack_lb.controller.core import SolverFn, VipController
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.errors import KnapsackLBError, StalePlanError, StoreUnavailableError, short_repr
-from knapsack_lb.loop import APPLY_FAILURES, APPLY_WARNINGS, ControlLoop, Sink, StoreSource, TickOutcome
+from knapsack_lb.loop import APPLY_ERROR, APPLY_FAILURES, APPLY_WARNINGS, ControlLoop, Sink, StoreSource, TickOutcome
 from knapsack_lb.model import ApplyResult, VipConfig, WeightPlan
 from knapsack_lb.names import validate_name
 from knapsack_lb.service.adapters import AdapterFactory, AdapterPool, adapter_factory
@@ -179,6 +179,7 @@ class ControllerService:
         stored = snap.controller_state or {}
         loop.counters = {key: int(stored[key]) for key in (APPLY_FAILURES, APPLY_WARNINGS)
                          if isinstance(stored.get(key), int)}
+        loop.apply_error = str(stored.get(APPLY_ERROR) or "")
         self.loops[vip] = loop
         return loop
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from knapsack_lb.curves import QueueingCurve
 from knapsack_lb.model import DipConfig, Measurement, VipConfig, WeightPlan
-from knapsack_lb.store import CurveRecord, LatencyStore
+from knapsack_lb.store import CurveRecord, InForce, LatencyStore
 
 VIP = "web"
 DIPS = ("dip1", "dip2", "dip3")
 CAPACITY = {"dip1": 1.0, "dip2": 0.8, "dip3": 0.6}
 BASE = 0.004  # s: latency floor of every emulated DIP
+APPLY_ERROR = "cannot reach the HAProxy admin socket /run/haproxy.sock"
 PLAN_WEIGHTS = ({"dip1": 0.34, "dip2": 0.33, "dip3": 0.33}, {"dip1": 0.4, "dip2": 0.33, "dip3": 0.27},
                 {"dip1": 0.42, "dip2": 0.34, "dip3": 0.24})
 
@@ -40,7 +41,7 @@ async def seed_store(store: LatencyStore, now: float, rounds: int = 6) -> None:
                 vip=VIP, weights=weights, predicted_latency=predicted,
                 objective=sum(w * predicted[d] for d, w in weights.items()), method="exact-greedy",
                 solve_seconds=0.002 + i / 1000, version=i + 1, computed_at=now - 10.0 * (len(PLAN_WEIGHTS) - 1 - i),
-                reasons=(f"step {i + 1}",),
+                reasons=(f"step {i + 1}",), flags=("slow-start",) if i == len(PLAN_WEIGHTS) - 1 else (),
             )
         )
     records = []
@@ -65,6 +66,11 @@ async def seed_store(store: LatencyStore, now: float, rounds: int = 6) -> None:
                             failure_latency_mean=0.001 if d == "dip3" else None, worker="probe-1")
             )
         await store.put_measurements(batch)
-    await store.put_controller_state(VIP, {"phase": "steady", "apply_failures": 2, "drain_time": 0.5})
+    await store.put_in_force(VIP, InForce({"dip1": 0.5, "dip2": 0.25, "dip3": 0.25}, len(PLAN_WEIGHTS) - 1, now - 10))
+    await store.put_controller_state(VIP, {
+        "phase": "steady", "apply_failures": 2, "drain_time": 0.5, "apply_error": APPLY_ERROR,
+        "dips": {"dip1": {"curve": curve_of("dip1").to_dict(), "w_max": 0.5, "measuring": None, "overloaded": True},
+                 "dip2": {"curve": curve_of("dip2").to_dict(), "w_max": 0.4, "measuring": None},
+                 "dip3": {"curve": None, "w_max": 0.0, "measuring": None}}})
     await store.put_status("controller", "ctl-1", {"vips": [VIP], "rounds": 12, "step_failures": 1}, ttl=60.0)
     await store.put_status("probe", "probe-1", {"owned_dips": 3, "rounds_buffered": 4}, ttl=60.0)

@@ -172,6 +172,13 @@ async def test_metrics_built_from_the_store(client: httpx.AsyncClient) -> None:
     assert 0 <= value("klb_plan_age_seconds", vip=VIP) < 60
     assert value("klb_apply_failures_total", vip=VIP) == 2
     assert value("klb_vip_paused", vip=VIP) == 0
+    assert value("klb_lb_weight", vip=VIP, dip="dip1") == 0.5  # the LB's split beside the plan's
+    assert value("klb_apply_error", vip=VIP) == 1
+    assert value("klb_plan_flag", vip=VIP, flag="slow-start") == 1
+    assert value("klb_dip_learning", vip=VIP, dip="dip3") == 1
+    assert value("klb_dip_learning", vip=VIP, dip="dip1") == 0
+    assert value("klb_dip_overloaded", vip=VIP, dip="dip1") == 1
+    assert value("klb_dip_overloaded", vip=VIP, dip="dip2") == 0
     assert value("klb_component_up", component="controller", id="ctl-1") == 1
     assert value("klb_component_up", component="probe", id="probe-1") == 1
     assert value("klb_controller_vips", controller="ctl-1") == 1
