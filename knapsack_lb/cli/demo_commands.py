@@ -23,6 +23,9 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         phase_seconds: Annotated[float | None, typer.Option(
             "--phase-seconds", help="Counted seconds per phase (default 60, quick 20).")] = None,
         seed: Annotated[int, typer.Option("--seed", help="Seed of arrivals, lifetimes and service times.")] = 1,
+        ops: Annotated[bool, typer.Option(
+            "--ops", help="Instead: the day-2 tour (add, drain, fail, remove a DIP, dry run, stop and restart klb) "
+            "under load, with each step's failed requests and latency; exit 1 when a step's check fails.")] = False,
     ) -> None:
         """Run the live demo: HAProxy roundrobin, leastconn, KnapsackLB weights (layer 4), then HTTP leastconn
         with the learned weights; print a comparison and write OUT/report.json and OUT/demo.png."""
@@ -37,6 +40,18 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         if not console.is_terminal:  # a log or CI: no terminal width to fit, keep the table readable
             console = Console(width=130)
         configure_logging("WARNING")
+        if ops:
+            from knapsack_lb.lab.demo.ops import OpsSettings, run_ops
+
+            ops_settings = OpsSettings.quick_preset(seed=seed) if quick else OpsSettings(seed=seed)
+            if phase_seconds is not None:
+                ops_settings = replace(ops_settings, step_seconds=phase_seconds)
+            try:
+                report = run_ops(ops_settings, out, console)
+            except FileNotFoundError as exc:
+                console.print(f"[red]missing dependency[/red]: {exc}")
+                raise typer.Exit(2) from None
+            raise typer.Exit(0 if report["passed"] else 1)
         try:
             settings = DemoSettings.quick_preset(seed=seed) if quick else DemoSettings(seed=seed)
             if phase_seconds is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,41 @@ def test_non_loopback_listen_needs_a_token() -> None:
     with pytest.raises(ConfigError) as info:
         require_safe_listen("0.0.0.0", None)
     assert info.value.field == "api.host"
+
+
+DEFAULT_CLAIM = re.compile(
+    r"`(?P<path>[a-z_]+(?:\.[a-z_]+)+)`[^.`\n]{0,60}?\bdefault(?:s to| is|:)?\s+`?(?P<value>-?\d[\d_]*(?:\.\d+)?)"
+)
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.strip("'\"").replace("_", ""))
+    except ValueError:
+        return None
+
+
+def test_the_readme_and_docs_state_the_defaults_the_reference_has() -> None:
+    """One source of truth: the README links the generated reference, and wherever a page names a
+    setting's default (``\\`loop.interval\\` ... default 5``) it is the code's default."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert "(docs/configuration.md)" in readme
+    defaults = {path: _number(default) for path, _t, default, _d in iter_fields(KlbConfig)}
+    by_leaf: dict[str, set[float | None]] = {}
+    for path, value in defaults.items():
+        for cut in range(1, path.count(".") + 1):
+            by_leaf.setdefault(path.split(".", cut)[-1], set()).add(value)
+    pages = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+    claims, wrong = 0, []
+    for page in pages:
+        if page.name == "configuration.md":
+            continue
+        for match in DEFAULT_CLAIM.finditer(page.read_text()):
+            known = {defaults[match["path"]]} if match["path"] in defaults else by_leaf.get(match["path"])
+            if not known:
+                continue
+            claims += 1
+            if _number(match["value"]) not in known:
+                wrong.append(f"{page.name}: `{match['path']}` default {match['value']} (the code: {sorted(map(str, known))})")
+    assert wrong == []
+    assert claims >= 3  # the check sees the pages' claims (docs/operations.md names several)

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import urllib.request
 from pathlib import Path
@@ -39,7 +40,7 @@ class DemoTestbed:
         self.redis = RedisServer(workdir / "redis")
         self.backends: dict[str, str] = {}
         self.capacity: dict[str, float] = dict(zip(settings.names, settings.capacities, strict=True))
-        self._emulators: list[ManagedProcess] = []
+        self._emulators: dict[str, ManagedProcess] = {}
         self.haproxy: HAProxyTestbed | None = None
 
     def __enter__(self) -> DemoTestbed:
@@ -59,26 +60,43 @@ class DemoTestbed:
         if self.haproxy is not None:
             self.haproxy.__exit__(None, None, None)
             self.haproxy = None
-        for proc in self._emulators:
+        for proc in self._emulators.values():
             proc.stop()
         self._emulators.clear()
         self.redis.stop()
 
     def _start_emulators(self) -> None:
+        for name in self.capacity:
+            self.backends[name] = f"127.0.0.1:{free_port()}"
+            self._emulators[name] = self._emulator(name)
+        for name in self.backends:
+            self._wait_for(name)
+
+    def _emulator(self, name: str) -> ManagedProcess:
         s = self.settings
         logs = self.workdir / "emulators"
         logs.mkdir(parents=True, exist_ok=True)
-        for i, (name, capacity) in enumerate(self.capacity.items()):
-            port = free_port()
-            argv = [sys.executable, "-m", "knapsack_lb.lab.testbed.emulator", "--name", name, "--port", str(port),
-                    "--mode", "ps", "--workers", "1", "--service-time", str(s.service_time),
-                    "--distribution", s.distribution, "--capacity", str(capacity),
-                    "--seed", str(s.seed * 100 + i), "--duration", str(self.max_seconds)]
-            self._emulators.append(ManagedProcess(argv, log_path=logs / f"{name}.log").start())
-            self.backends[name] = f"127.0.0.1:{port}"
-        for address in self.backends.values():
-            host, _, listen = address.rpartition(":")
-            wait_for_port(host, int(listen), timeout=20.0)
+        port = self.backends[name].rpartition(":")[2]
+        argv = [sys.executable, "-m", "knapsack_lb.lab.testbed.emulator", "--name", name, "--port", port,
+                "--mode", "ps", "--workers", "1", "--service-time", str(s.service_time),
+                "--distribution", s.distribution, "--capacity", str(self.capacity[name]),
+                "--seed", str(s.seed * 100 + list(self.capacity).index(name)), "--duration", str(self.max_seconds)]
+        return ManagedProcess(argv, log_path=logs / f"{name}.log").start()
+
+    def _wait_for(self, name: str) -> None:
+        host, _, listen = self.backends[name].rpartition(":")
+        wait_for_port(host, int(listen), timeout=20.0)
+
+    def kill_backend(self, name: str) -> None:
+        """The DIP's server dies (SIGKILL): its connections break, its port refuses."""
+        proc = self._emulators[name]
+        proc.signal(signal.SIGKILL)
+        proc.stop()
+
+    def restart_backend(self, name: str) -> None:
+        """The DIP's server comes back on the same address (fresh counters)."""
+        self._emulators[name] = self._emulator(name)
+        self._wait_for(name)
 
     # --- HAProxy -------------------------------------------------------------------------
     @property
@@ -109,6 +127,10 @@ class DemoTestbed:
 
     def stats(self) -> dict[str, dict[str, Any]]:
         return {name: self._http(name, "/stats") for name in self.backends}
+
+    def stats_of(self, name: str) -> dict[str, Any]:
+        """One emulator's counters (busy seconds, requests); raises OSError when it is down."""
+        return self._http(name, "/stats")
 
     # --- the service's configuration -------------------------------------------------------
     def klb_config(self, api_port: int = 0) -> KlbConfig:
