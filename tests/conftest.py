@@ -60,9 +60,11 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
 
 
 @pytest.fixture
-def fresh_redis_cluster(tmp_path: Path) -> Iterator[RedisClusterServers]:
-    """A real Redis Cluster of the test's own (3 masters, 1 replica each), for tests that kill nodes."""
-    cluster = RedisClusterServers(tmp_path / "redis-cluster").start()
+def fresh_redis_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RedisClusterServers]:
+    """A real Redis Cluster of the test's own (3 masters, 1 replica each), for tests that kill nodes;
+    parametrized indirectly, the parameter is the node timeout in ms (default 1000)."""
+    node_timeout_ms = getattr(request, "param", 1000)
+    cluster = RedisClusterServers(tmp_path / "redis-cluster", node_timeout_ms=node_timeout_ms).start()
     try:
         yield cluster
     finally:
