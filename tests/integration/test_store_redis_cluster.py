@@ -1,5 +1,6 @@
 """The store on a real Redis Cluster when things go wrong: a master SIGKILLed while rounds are being
-written (its replica is promoted and the store resumes), and the three ways the setting can point at
+written (its replica is promoted and the store resumes; the probe worker's buffer keeps every
+round it could not write meanwhile), and the three ways the setting can point at
 the wrong thing (nothing answers, a cluster with slots and no live master, a plain Redis), each
 named by `klb check` and by a starting process with the setting and the URL.
 
@@ -25,8 +26,10 @@ from knapsack_lb.cli.service_commands import run_checks
 from knapsack_lb.config import parse_config
 from knapsack_lb.errors import InvalidInputError, StoreUnavailableError
 from knapsack_lb.lab.procs import RedisClusterServers, RedisServer, free_cluster_port
-from knapsack_lb.model import WeightPlan
+from knapsack_lb.lab.testbed.emulator import EmulatorConfig, EmulatorFleet
+from knapsack_lb.model import DipConfig, Measurement, ProbeSpec, VipConfig, WeightPlan
 from knapsack_lb.store.redis import RedisLatencyStore
+from probes.worker import ProbeWorker, ProbeWorkerOptions
 from tests.integration.test_store_redis import measurement, vip_config
 
 DIPS = ("d1", "d2", "d3")
@@ -126,6 +129,57 @@ async def test_a_master_killed_while_rounds_are_written_is_replaced_and_the_stor
     finally:
         stop.set()
         await store.close()
+
+
+@pytest.mark.parametrize("fresh_redis_cluster", [4000], indirect=True, ids=["node-timeout-4s"])
+async def test_the_probe_worker_buffers_through_a_failover_and_loses_no_round_it_started_after_the_kill(
+    fresh_redis_cluster: RedisClusterServers,
+) -> None:
+    cluster = fresh_redis_cluster
+    store = _cluster_store(cluster, socket_timeout=0.5)
+    interval = 0.3
+    with EmulatorFleet([EmulatorConfig(d, service_time=0.001) for d in ("d1", "d2")]) as fleet:
+        config = VipConfig(name="web", dips=tuple(DipConfig(name=d, address=a) for d, a in fleet.addresses.items()),
+                           probe=ProbeSpec(requests_per_round=5, interval=interval))
+        await store.put_vip(config)
+        worker = ProbeWorker(store, ProbeWorkerOptions(worker_id="w1", backoff_initial=0.05, backoff_max=0.2))
+        produced: list[Measurement] = []
+        original = worker.probe_round
+
+        async def recording_round(vip: str) -> list[Measurement]:
+            measurements = await original(vip)
+            produced.extend(measurements)
+            return measurements
+
+        worker.probe_round = recording_round  # type: ignore[method-assign]
+        stop = asyncio.Event()
+        running = asyncio.ensure_future(worker.run(stop))
+        try:
+            deadline = time.monotonic() + 30
+            while len(await store.measurements("web", "d1")) < 2:
+                assert time.monotonic() < deadline, "the worker wrote no rounds"
+                await asyncio.sleep(0.05)
+            master = _master_of_vip(cluster, "web")
+            await asyncio.to_thread(cluster.kill, master)
+            killed_at = time.time()
+            while worker.stats.store_errors == 0 or not worker.buffer:
+                assert time.monotonic() < deadline, "the store never failed during the failover"
+                await asyncio.sleep(0.05)
+            while worker.buffer or worker.stats.store_errors == 0:
+                assert time.monotonic() < deadline + 30, "the buffer was not flushed after the failover"
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(2 * interval)
+        finally:
+            stop.set()
+            stats = await running
+        try:
+            assert stats.dropped_rounds == 0
+            stored = {(m.dip, m.time) for m in await store.measurements("web")}
+            during = [(m.dip, m.time) for m in produced if m.time > killed_at]
+            assert len(during) >= 4
+            assert [r for r in during if r not in stored] == []
+        finally:
+            await store.close()
 
 
 def _config_file(tmp_path: Path, redis: dict[str, object]) -> Path:
