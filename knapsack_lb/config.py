@@ -429,6 +429,13 @@ def parse_config(raw: object, source: str = "<config>") -> KlbConfig:
         raise ConfigError(exc.field, exc.value, f"{source}: {exc.problem}") from exc
 
 
+def redis_settings_from_options(url: str, namespace: str, cluster: bool = False) -> RedisSettings:
+    """The ``redis`` block that ``--redis``, ``--namespace`` and ``--redis-cluster`` describe;
+    :class:`ConfigError` names the block's field (``redis.url`` ...), as for a file."""
+    return parse_config({"redis": {"url": url, "namespace": namespace, "cluster": cluster}},
+                        source="command line").redis
+
+
 def load_config(path: str | Path) -> KlbConfig:
     """Read and validate a YAML configuration file."""
     file = Path(path)

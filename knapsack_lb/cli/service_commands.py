@@ -20,7 +20,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from knapsack_lb.config import ConfigError, KlbConfig, load_config, reference_markdown, require_safe_listen
+from knapsack_lb.config import (
+    ConfigError,
+    KlbConfig,
+    RedisSettings,
+    load_config,
+    reference_markdown,
+    require_safe_listen,
+)
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.names import validate_name
 from knapsack_lb.service.logs import configure_logging
@@ -81,7 +88,7 @@ async def _check_redis(config: KlbConfig) -> CheckItem:
             await store.close()
 
 
-def check_store_at_start(config: KlbConfig) -> bool:
+def check_store_at_start(settings: RedisSettings) -> bool:
     """Before a process starts its components: False (and the reason on standard error, naming the
     setting and the URL) when the store is misconfigured, e.g. a plain Redis with ``redis.cluster:
     true``: no retry can fix that. A store that is down or a cluster that is failing is reported
@@ -90,7 +97,7 @@ def check_store_at_start(config: KlbConfig) -> bool:
     from knapsack_lb.store.redis import RedisLatencyStore
 
     async def verify() -> str:
-        store = RedisLatencyStore.from_settings(config.redis)
+        store = RedisLatencyStore.from_settings(settings)
         try:
             return await asyncio.wait_for(store.verify(), timeout=STORE_CHECK_TIMEOUT)
         finally:
@@ -104,7 +111,7 @@ def check_store_at_start(config: KlbConfig) -> bool:
         console.print(f"[red]configuration error[/red]: {exc}", highlight=False)
         return False
     except (StoreUnavailableError, TimeoutError) as exc:
-        reason = str(exc) or f"redis.url {config.redis.url}: no answer within {STORE_CHECK_TIMEOUT:g} s"
+        reason = str(exc) or f"redis.url {settings.url}: no answer within {STORE_CHECK_TIMEOUT:g} s"
         console.print(f"[yellow]latency store not ready[/yellow]: {reason}; starting anyway and retrying",
                       highlight=False)
     return True
@@ -196,7 +203,7 @@ def run_services(config: Path, *, probes: bool, controller: bool, api: bool, con
         except InvalidInputError as exc:
             Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
             return 2
-    if not check_store_at_start(cfg):
+    if not check_store_at_start(cfg.redis):
         return 2
     configure_logging(cfg.logging.level, cfg.logging.json_lines)
     components = []

@@ -261,7 +261,7 @@ def test_klb_probe_refuses_a_bad_redis_url_and_worker_id() -> None:
     from knapsack_lb.cli.main import app
 
     result = CliRunner().invoke(app, ["probe", "--redis", "http://x", "--worker-id", "w1", "--duration", "1"])
-    assert result.exit_code == 2 and "redis_url" in result.output
+    assert result.exit_code == 2 and "redis.url" in result.output
     result = CliRunner().invoke(app, ["probe", "--redis", "redis://127.0.0.1:1/0", "--worker-id", "bad;id"])
     assert result.exit_code == 2 and "worker_id" in result.output
 

@@ -321,3 +321,19 @@ def test_every_multi_key_operation_stays_in_one_slot() -> None:
     ]
     for keys in groups:
         assert len({key_slot(k.encode()) for k in keys}) == 1, keys
+
+
+def test_klb_probe_redis_cluster_option_runs_on_a_cluster_and_refuses_a_plain_redis(
+    redis_cluster: RedisClusterServers, redis_server: RedisServer,
+) -> None:
+    from typer.testing import CliRunner
+
+    from knapsack_lb.cli.probe_main import app
+
+    common = ["--redis-cluster", "--namespace", "cli" + uuid.uuid4().hex[:6], "--worker-id", "w1"]
+    refused = CliRunner().invoke(app, ["--redis", redis_server.url, *common, "--duration", "1"])
+    assert refused.exit_code == 2
+    output = " ".join(refused.output.split())
+    assert "redis.cluster" in output and redis_server.url in output, output
+    ran = CliRunner().invoke(app, ["--redis", redis_cluster.url, *common, "--duration", "0.5"])
+    assert ran.exit_code == 0, ran.output
