@@ -246,8 +246,10 @@ CLUSTER_MODE_DISABLED = "Cluster mode is not enabled"
 
 
 def _unavailable(exc: BaseException) -> bool:
-    """True for the errors that mean "the store does not answer now" (see the module docstring)."""
-    return isinstance(exc, UNAVAILABLE) and not isinstance(exc, NOT_UNAVAILABLE)
+    """True for the client errors that mean "the store does not answer now" (see the module
+    docstring); False for a :class:`StoreUnavailableError` already raised (a ``ConnectionError``
+    too), which passes through as it is."""
+    return isinstance(exc, UNAVAILABLE) and not isinstance(exc, (*NOT_UNAVAILABLE, StoreUnavailableError))
 
 
 def _store_errors(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
@@ -264,9 +266,10 @@ def _store_errors(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]
 
 
 def _unavailable_as_store_errors(cls: type[T]) -> type[T]:
-    """Every coroutine method of ``cls`` raises :class:`StoreUnavailableError` for an unreachable Redis."""
+    """Every public coroutine method of ``cls`` raises :class:`StoreUnavailableError` for an
+    unreachable Redis (private ones are steps of a public one, which maps their errors)."""
     for name, member in list(vars(cls).items()):
-        if inspect.iscoroutinefunction(member) and name not in ("ping", "close"):
+        if inspect.iscoroutinefunction(member) and not name.startswith("_") and name not in ("ping", "close"):
             setattr(cls, name, _store_errors(member))
     return cls
 

@@ -291,6 +291,7 @@ async def test_a_cluster_with_slots_and_no_live_master_is_named_by_check_and_at_
     settings = {"url": f"redis://127.0.0.1:{survivor}/0", "cluster": True}
     ok, detail = await _redis_check(settings)
     assert not ok and "redis.url" in detail and settings["url"] in detail and "cluster_state:fail" in detail, detail
+    assert detail.count("redis.url") == 1, detail  # said once, not wrapped again on the way out
 
     store = RedisLatencyStore.from_settings(parse_config({"redis": settings}).redis)
     try:
