@@ -76,7 +76,7 @@ import json
 import math
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeAlias, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeAlias, TypeVar
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
@@ -94,9 +94,6 @@ from knapsack_lb.store import (
     InForce,
     VipSnapshot,
 )
-
-if TYPE_CHECKING:
-    from knapsack_lb.config import RedisSettings
 
 RESOURCE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
 
@@ -234,6 +231,25 @@ P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 RedisClient: TypeAlias = "aioredis.Redis | RedisCluster"
+
+
+class StoreSettings(Protocol):
+    """What :meth:`RedisLatencyStore.from_settings` reads: the fields of the configuration file's
+    ``redis`` block (:class:`knapsack_lb.config.RedisSettings`, which the store does not import)."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def cluster(self) -> bool: ...
+    @property
+    def measurement_retention_count(self) -> int: ...
+    @property
+    def measurement_retention_age(self) -> float: ...
+    @property
+    def plan_history(self) -> int: ...
+    def startup_node_addresses(self) -> tuple[tuple[str, int], ...]: ...
 UNAVAILABLE = (
     aioredis.ConnectionError, aioredis.TimeoutError, OSError,
     # Redis Cluster: down or failing over (CLUSTERDOWN, MASTERDOWN), a slot moved or migrating beyond the
@@ -389,7 +405,7 @@ class RedisLatencyStore:
         return store
 
     @classmethod
-    def from_settings(cls, settings: RedisSettings, *, now: Callable[[], float] | None = None,
+    def from_settings(cls, settings: StoreSettings, *, now: Callable[[], float] | None = None,
                       socket_timeout: float = 2.0) -> RedisLatencyStore:
         """The store a configuration file's ``redis`` block describes (one Redis or a Redis Cluster);
         how every process opens it. Connects lazily, like :meth:`from_url`."""
