@@ -67,9 +67,9 @@ class CheckItem:
 
 async def _check_redis(config: KlbConfig) -> CheckItem:
     """The store answers and is what ``redis.cluster`` says (one Redis, or a healthy Redis Cluster)."""
-    from knapsack_lb.store.redis import RedisLatencyStore
+    from knapsack_lb.store.redis import RedisLatencyStore, redacted_url
 
-    target = config.redis.url + (" (cluster)" if config.redis.cluster else "")
+    target = redacted_url(config.redis.url) + (" (cluster)" if config.redis.cluster else "")
     try:
         store = RedisLatencyStore.from_settings(config.redis)
     except Exception as exc:  # an unusable URL is reported, not raised
@@ -79,7 +79,7 @@ async def _check_redis(config: KlbConfig) -> CheckItem:
         vips = await store.list_vips()
         return CheckItem("redis", target, True, f"{described}; {len(vips)} VIP(s) stored")
     except TimeoutError:
-        return CheckItem("redis", target, False, f"redis.url {config.redis.url}: no answer within "
+        return CheckItem("redis", target, False, f"redis.url {redacted_url(config.redis.url)}: no answer within "
                          f"{STORE_CHECK_TIMEOUT:g} s")
     except Exception as exc:
         return CheckItem("redis", target, False, f"{type(exc).__name__}: {exc}")
@@ -94,7 +94,7 @@ def check_store_at_start(settings: RedisSettings) -> bool:
     true``: no retry can fix that. A store that is down or a cluster that is failing is reported
     too, but True: the components start anyway and retry, as they do through any outage."""
     from knapsack_lb.errors import StoreUnavailableError
-    from knapsack_lb.store.redis import RedisLatencyStore
+    from knapsack_lb.store.redis import RedisLatencyStore, redacted_url
 
     async def verify() -> str:
         store = RedisLatencyStore.from_settings(settings)
@@ -111,7 +111,7 @@ def check_store_at_start(settings: RedisSettings) -> bool:
         console.print(f"[red]configuration error[/red]: {exc}", highlight=False)
         return False
     except (StoreUnavailableError, TimeoutError) as exc:
-        reason = str(exc) or f"redis.url {settings.url}: no answer within {STORE_CHECK_TIMEOUT:g} s"
+        reason = str(exc) or f"redis.url {redacted_url(settings.url)}: no answer within {STORE_CHECK_TIMEOUT:g} s"
         console.print(f"[yellow]latency store not ready[/yellow]: {reason}; starting anyway and retrying",
                       highlight=False)
     return True

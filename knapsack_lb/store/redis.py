@@ -250,6 +250,8 @@ class StoreSettings(Protocol):
     @property
     def plan_history(self) -> int: ...
     def startup_node_addresses(self) -> tuple[tuple[str, int], ...]: ...
+
+
 UNAVAILABLE = (
     aioredis.ConnectionError, aioredis.TimeoutError, OSError,
     # Redis Cluster: down or failing over (CLUSTERDOWN, MASTERDOWN), a slot moved or migrating beyond the
@@ -318,6 +320,16 @@ def create_redis_client(
     return RedisCluster.from_url(url, startup_nodes=nodes or None, **options)
 
 
+def redacted_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
+
+
 def cluster_url_problem(url: str) -> str | None:
     """Why ``url`` cannot name a Redis Cluster node (a unix socket, a database other than 0), else None."""
     if url.startswith("unix://"):
@@ -353,7 +365,7 @@ class RedisLatencyStore:
         if not isinstance(plan_history_limit, int) or plan_history_limit < 1:
             raise InvalidInputError("plan_history_limit", plan_history_limit, "must be an integer >= 1")
         self.client = client
-        self.url = "<client>"  # from_url names the URL; errors and checks show it
+        self.url = "<client>"  # from_url names the URL (password redacted); errors and checks show it
         self.namespace = namespace
         self.retention_count = retention_count
         self.retention_seconds = retention_seconds
@@ -401,7 +413,7 @@ class RedisLatencyStore:
                                      **connection_options)
         store = cls(client, namespace=namespace, retention_count=retention_count,
                     retention_seconds=retention_seconds, plan_history_limit=plan_history_limit, now=now)
-        store.url = url
+        store.url = redacted_url(url)
         return store
 
     @classmethod

@@ -23,7 +23,7 @@ from knapsack_lb.lab.procs import ManagedProcess, free_port, require_binary, wai
 from knapsack_lb.model import DipConfig, Measurement, ProbeSpec, VipConfig, WeightPlan
 from knapsack_lb.store import CurveRecord, LatencyStore
 from knapsack_lb.store.memory import MemoryLatencyStore
-from knapsack_lb.store.redis import RedisLatencyStore
+from knapsack_lb.store.redis import RedisLatencyStore, redacted_url
 from tests.conftest import RedisTarget, make_redis_target
 
 
@@ -297,6 +297,13 @@ async def test_acknowledged_writes_survive_a_redis_crash_with_appendonly(tmp_pat
 def test_from_url_refuses_a_non_redis_url() -> None:
     with pytest.raises(InvalidInputError, match="redis_url"):
         RedisLatencyStore.from_url("http://127.0.0.1:6379")
+
+
+def test_messages_show_the_url_without_its_password() -> None:
+    assert redacted_url("redis://:s3cret@10.0.0.1:6379/0") == "redis://:***@10.0.0.1:6379/0"
+    assert redacted_url("rediss://klb:s3cret@redis.example:6380") == "rediss://klb:***@redis.example:6380"
+    assert redacted_url("redis://10.0.0.1:6379/0") == "redis://10.0.0.1:6379/0"
+    assert RedisLatencyStore.from_url("redis://:s3cret@127.0.0.1:1/0").url == "redis://:***@127.0.0.1:1/0"
 
 
 def test_both_stores_implement_the_protocol() -> None:
