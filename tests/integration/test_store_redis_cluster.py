@@ -56,6 +56,7 @@ def _master_of_vip(cluster: RedisClusterServers, vip: str) -> int:
     raise AssertionError(f"no live master serves slot {slot}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fresh_redis_cluster", [1000, 4000], indirect=True, ids=["node-timeout-1s", "node-timeout-4s"])
 async def test_a_master_killed_while_rounds_are_written_is_replaced_and_the_store_resumes(
     fresh_redis_cluster: RedisClusterServers,
@@ -131,6 +132,7 @@ async def test_a_master_killed_while_rounds_are_written_is_replaced_and_the_stor
         await store.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fresh_redis_cluster", [4000], indirect=True, ids=["node-timeout-4s"])
 async def test_the_probe_worker_buffers_through_a_failover_and_loses_no_round_it_started_after_the_kill(
     fresh_redis_cluster: RedisClusterServers,
