@@ -1,6 +1,7 @@
 """The store on a real Redis Cluster when things go wrong: a master SIGKILLed while rounds are being
 written (its replica is promoted and the store resumes; the probe worker's buffer keeps every
-round it could not write meanwhile), and the three ways the setting can point at
+round it could not write meanwhile), a VIP's slot resharded to another master under the store
+(ASK, then MOVED), and the three ways the setting can point at
 the wrong thing (nothing answers, a cluster with slots and no live master, a plain Redis), each
 named by `klb check` and by a starting process with the setting and the URL.
 
@@ -182,6 +183,49 @@ async def test_the_probe_worker_buffers_through_a_failover_and_loses_no_round_it
             assert [r for r in during if r not in stored] == []
         finally:
             await store.close()
+
+
+async def test_a_vip_slot_moved_to_another_master_under_the_store_loses_nothing(
+    fresh_redis_cluster: RedisClusterServers,
+) -> None:
+    """Resharding (redis-cli --cluster reshard does these steps): while the VIP's slot is migrating the
+    cluster client follows ASK redirections, after it moved it follows MOVED; a plain client sent to
+    the old master gets ASK, which is unavailability, not a crash."""
+    cluster = fresh_redis_cluster
+    slot = key_slot(b"web")
+    source = _master_of_vip(cluster, "web")
+    target = next(p for p in cluster.master_ports() if p != source)
+    source_id, target_id = (cluster.cli(p, "cluster", "myid").strip() for p in (source, target))
+    store = _cluster_store(cluster)
+    plain = RedisLatencyStore.from_url(f"redis://127.0.0.1:{source}/0", namespace=store.namespace)
+    try:
+        await store.put_measurements([measurement("d1", 1.0)])
+        await store.put_plan(WeightPlan(vip="web", weights={"d1": 1.0}, version=1))
+        assert cluster.cli(target, "cluster", "setslot", str(slot), "importing", source_id).strip() == "OK"
+        assert cluster.cli(source, "cluster", "setslot", str(slot), "migrating", target_id).strip() == "OK"
+
+        await store.put_vip(vip_config())  # a new key of a migrating slot: written on the target (ASK)
+        await store.put_measurements([measurement("d1", 2.0), measurement("d2", 2.0)])
+        snapshot = await store.snapshot("web")
+        assert snapshot.config == vip_config() and snapshot.current_plan is not None
+        assert {d: m.time for d, m in snapshot.latest.items()} == {"d1": 2.0, "d2": 2.0}
+        with pytest.raises(StoreUnavailableError, match="AskError"):
+            await plain.get_vip("web")
+
+        keys = cluster.cli(source, "cluster", "getkeysinslot", str(slot), "1000").split()
+        assert keys, "the slot's keys were all on the target already"
+        cluster.cli(source, "migrate", "127.0.0.1", str(target), "", "0", "5000", "keys", *keys)
+        for port in (target, source):
+            assert cluster.cli(port, "cluster", "setslot", str(slot), "node", target_id).strip() == "OK"
+        assert _master_of_vip(cluster, "web") == target
+
+        assert [m.time for m in await store.measurements("web", "d1")] == [1.0, 2.0]  # MOVED, then the target
+        await store.put_plan(WeightPlan(vip="web", weights={"d2": 1.0}, version=2))
+        assert [p.version for p in await store.plan_history("web")] == [1, 2]
+        assert await store.list_vips() == ["web"]
+    finally:
+        await plain.close()
+        await store.close()
 
 
 def _config_file(tmp_path: Path, redis: dict[str, object]) -> Path:
