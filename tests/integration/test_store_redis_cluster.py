@@ -1,7 +1,7 @@
 """The store on a real Redis Cluster when things go wrong: a master SIGKILLed while rounds are being
 written (its replica is promoted and the store resumes; the probe worker's buffer keeps every
 round it could not write meanwhile), a VIP's slot resharded to another master under the store
-(ASK, then MOVED), and the three ways the setting can point at
+(ASK, then MOVED), `klb run` learning and planning on a cluster, and the three ways the setting can point at
 the wrong thing (nothing answers, a cluster with slots and no live master, a plain Redis), each
 named by `klb check` and by a starting process with the setting and the URL.
 
@@ -31,6 +31,7 @@ from knapsack_lb.lab.testbed.emulator import EmulatorConfig, EmulatorFleet
 from knapsack_lb.model import DipConfig, Measurement, ProbeSpec, VipConfig, WeightPlan
 from knapsack_lb.store.redis import RedisLatencyStore
 from probes.worker import ProbeWorker, ProbeWorkerOptions
+from tests.integration.processes import counts, klb, terminate, wait_until, write_config
 from tests.integration.test_store_redis import measurement, vip_config
 
 DIPS = ("d1", "d2", "d3")
@@ -226,6 +227,37 @@ async def test_a_vip_slot_moved_to_another_master_under_the_store_loses_nothing(
     finally:
         await plain.close()
         await store.close()
+
+
+@pytest.mark.slow
+def test_klb_run_learns_and_plans_on_a_cluster_and_stops_cleanly(redis_cluster: RedisClusterServers,
+                                                                   tmp_path: Path) -> None:
+    configs = [EmulatorConfig(name=f"dip{i}", mode="ps", service_time=0.002, distribution="fixed") for i in (1, 2)]
+    with EmulatorFleet(configs) as fleet:
+        path = write_config(tmp_path, redis_cluster.url, fleet)
+        raw = yaml.safe_load(path.read_text())
+        raw["redis"].update(cluster=True, startup_nodes=redis_cluster.startup_nodes,
+                            namespace=f"run{uuid.uuid4().hex[:6]}")
+        path.write_text(yaml.safe_dump(raw))
+        settings = parse_config(raw).redis
+
+        def stored() -> tuple[int, int]:
+            async def read() -> tuple[int, int]:
+                store = RedisLatencyStore.from_settings(settings)
+                try:
+                    return await counts(store)
+                finally:
+                    await store.close()
+            return asyncio.run(read())
+
+        run = klb("run", "--config", str(path))
+        try:
+            found = wait_until(stored, lambda c: c[0] >= 4 and c[1] >= 1, timeout=90)
+        finally:
+            code, out = terminate(run)
+        assert found[0] >= 4 and found[1] >= 1, (found, out[-2000:])
+        assert code == 0, out[-2000:]
+        assert stored()[1] >= found[1]
 
 
 def _config_file(tmp_path: Path, redis: dict[str, object]) -> Path:
