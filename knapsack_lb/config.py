@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.model import VipConfig
-from knapsack_lb.names import validate_host, validate_name
+from knapsack_lb.names import parse_address, validate_host, validate_name
 from knapsack_lb.plugins import ADAPTERS, load_plugin, validate_settings
 from knapsack_lb.store import DEFAULT_PLAN_HISTORY, DEFAULT_RETENTION_COUNT, DEFAULT_RETENTION_SECONDS
 
@@ -71,6 +71,14 @@ class RedisSettings(BaseModel):
         DEFAULT_PLAN_HISTORY, ge=1, le=1_000_000,
         description=f"Plans kept per VIP in the plan history (count). Default {DEFAULT_PLAN_HISTORY}.",
     )
+    cluster: bool = Field(
+        False, description="The store is a Redis Cluster: url names one of its nodes (redis://host:port, database 0) "
+        "and the cluster client follows slots, redirections and failovers (bool). Default false (one Redis).",
+    )
+    startup_nodes: tuple[str, ...] = Field(
+        (), description="More nodes of the Redis Cluster ('host:port' list), tried when the url's node does not "
+        "answer; only with cluster: true. Default: none (the url's node alone).",
+    )
 
     @field_validator("url")
     @classmethod
@@ -83,6 +91,27 @@ class RedisSettings(BaseModel):
     @classmethod
     def _namespace(cls, value: str) -> str:
         return validate_name("redis.namespace", value)
+
+    @model_validator(mode="after")
+    def _cluster(self) -> RedisSettings:
+        from knapsack_lb.store.redis import cluster_url_problem
+
+        if self.startup_nodes and not self.cluster:
+            raise InvalidInputError("startup_nodes", list(self.startup_nodes), "are only used with a Redis Cluster: "
+                                    "set redis.cluster: true or remove them")
+        for index, node in enumerate(self.startup_nodes):
+            try:
+                parse_address(f"startup_nodes.{index}", node)
+            except InvalidInputError as bad:  # name the whole entry, not only its bad part
+                raise InvalidInputError(f"startup_nodes.{index}", node, f"must be 'host:port': {bad.problem}") from None
+        problem = cluster_url_problem(self.url) if self.cluster else None
+        if problem:
+            raise InvalidInputError("url", self.url, f"with redis.cluster: true, {problem}")
+        return self
+
+    def startup_node_addresses(self) -> tuple[tuple[str, int], ...]:
+        """``startup_nodes`` as (host, port) pairs."""
+        return tuple(parse_address("redis.startup_nodes", node) for node in self.startup_nodes)
 
 
 class ProbeWorkerSettings(BaseModel):
@@ -398,6 +427,13 @@ def parse_config(raw: object, source: str = "<config>") -> KlbConfig:
         raise ConfigError(field, value, f"{source}: {error_message(first)}{more}") from exc
     except InvalidInputError as exc:  # raised by shared validators inside nested models
         raise ConfigError(exc.field, exc.value, f"{source}: {exc.problem}") from exc
+
+
+def redis_settings_from_options(url: str, namespace: str, cluster: bool = False) -> RedisSettings:
+    """The ``redis`` block that ``--redis``, ``--namespace`` and ``--redis-cluster`` describe;
+    :class:`ConfigError` names the block's field (``redis.url`` ...), as for a file."""
+    return parse_config({"redis": {"url": url, "namespace": namespace, "cluster": cluster}},
+                        source="command line").redis
 
 
 def load_config(path: str | Path) -> KlbConfig:

@@ -30,6 +30,8 @@ def controller_command(
     config: Path = typer.Option(None, "--config", "-c", help="YAML configuration file: run the controller it "
                                 "describes (the other options but --controller-id are ignored)."),
     redis: str = typer.Option(None, "--redis", help="Latency store, e.g. redis://127.0.0.1:6379/0."),
+    redis_cluster: bool = typer.Option(False, "--redis-cluster", help="--redis names a node of a Redis Cluster "
+                                       "(the file's redis.cluster)."),
     controller_id: str = typer.Option(None, "--controller-id", help="This process's identity in leases (default: "
                                       "the file's controller_id, else '<hostname>-<pid>-<random>')."),
     namespace: str = typer.Option("klb", help="Key namespace in Redis."),
@@ -43,15 +45,20 @@ def controller_command(
         raise typer.Exit(run_services(config, probes=False, controller=True, api=False, controller_id=controller_id))
     if redis is None:
         raise _fail(ValueError("give --config FILE or --redis URL"))
+    from knapsack_lb.cli.service_commands import check_store_at_start
+    from knapsack_lb.config import redis_settings_from_options
     from knapsack_lb.controller.settings import ControllerSettings, LoopSettings
     from knapsack_lb.service.controller import run_controller_service
     from knapsack_lb.store.redis import RedisLatencyStore
 
     try:
         settings = ControllerSettings(loop=LoopSettings() if interval is None else LoopSettings(interval=interval))
-        store = RedisLatencyStore.from_url(redis, namespace=namespace)
+        redis_settings = redis_settings_from_options(redis, namespace, redis_cluster)
     except (KnapsackLBError, ValueError) as exc:
         raise _fail(exc) from None
+    if not check_store_at_start(redis_settings):
+        raise typer.Exit(EXIT_INVALID)
+    store = RedisLatencyStore.from_settings(redis_settings)
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -20,15 +20,19 @@ from knapsack_lb.errors import InvalidInputError
 
 
 def _run_worker(redis: str, namespace: str, worker_id: str | None, vips: list[str], max_buffered_rounds: int,
-                lease_ttl: float | None, max_concurrency: int, duration: float | None) -> int:
-    from knapsack_lb.config import ProbeWorkerSettings
+                lease_ttl: float | None, max_concurrency: int, duration: float | None, cluster: bool = False) -> int:
+    from knapsack_lb.cli.service_commands import check_store_at_start
+    from knapsack_lb.config import ProbeWorkerSettings, redis_settings_from_options
     from knapsack_lb.store.redis import RedisLatencyStore
     from probes.worker import ProbeWorker, ProbeWorkerOptions
 
     worker = ProbeWorkerSettings(worker_id=worker_id).resolved_worker_id()
     options = ProbeWorkerOptions(worker_id=worker, vips=tuple(vips), max_buffered_rounds=max_buffered_rounds,
                                  lease_ttl=lease_ttl, max_concurrency=max_concurrency)
-    store = RedisLatencyStore.from_url(redis, namespace=namespace)
+    settings = redis_settings_from_options(redis, namespace, cluster)
+    if not check_store_at_start(settings):
+        return 2
+    store = RedisLatencyStore.from_settings(settings)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -53,6 +57,8 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             "--config", "-c", help="YAML configuration file: run its probe worker (other options ignored).")
         ] = None,
         redis: Annotated[str, typer.Option(help="Redis URL of the latency store.")] = "redis://127.0.0.1:6379/0",
+        redis_cluster: Annotated[bool, typer.Option(
+            "--redis-cluster", help="--redis names a node of a Redis Cluster (the file's redis.cluster).")] = False,
         namespace: Annotated[str, typer.Option(help="Key namespace in Redis.")] = "klb",
         worker_id: Annotated[str | None, typer.Option(help="Worker identity (default <hostname>-<pid>).")] = None,
         vip: Annotated[list[str] | None, typer.Option(help="Probe only this VIP (repeatable; default all).")] = None,
@@ -73,7 +79,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         configure_logging(log_level, json_lines=log_format == "json")
         try:
             code = _run_worker(redis, namespace, worker_id, vip or [], max_buffered_rounds, lease_ttl,
-                               max_concurrency, duration)
+                               max_concurrency, duration, cluster=redis_cluster)
         except (InvalidInputError, ValueError) as bad:
             typer.echo(f"klb probe: {bad}", err=True)
             raise typer.Exit(2) from None

@@ -21,11 +21,19 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from knapsack_lb.config import ConfigError, KlbConfig, load_config, reference_markdown, require_safe_listen
+from knapsack_lb.config import (
+    ConfigError,
+    KlbConfig,
+    RedisSettings,
+    load_config,
+    reference_markdown,
+    require_safe_listen,
+)
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.names import validate_name
 from knapsack_lb.service.logs import configure_logging
 
+STORE_CHECK_TIMEOUT = 5.0  # seconds `klb check` and a starting process wait for the store to answer
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="YAML configuration file.")]
 
 
@@ -59,22 +67,55 @@ class CheckItem:
 
 
 async def _check_redis(config: KlbConfig) -> CheckItem:
-    from knapsack_lb.service.runner import open_store
+    """The store answers and is what ``redis.cluster`` says (one Redis, or a healthy Redis Cluster)."""
+    from knapsack_lb.store.redis import RedisLatencyStore, redacted_url
 
+    target = redacted_url(config.redis.url) + (" (cluster)" if config.redis.cluster else "")
     try:
-        store = open_store(config.redis)
+        store = RedisLatencyStore.from_settings(config.redis)
     except Exception as exc:  # an unusable URL is reported, not raised
-        return CheckItem("redis", config.redis.url, False, f"cannot create a client: {exc}")
+        return CheckItem("redis", target, False, f"cannot create a client: {exc}")
     try:
-        ok = bool(await asyncio.wait_for(store.ping(), timeout=3.0))
-        vips = await store.list_vips() if ok else []
-        detail = f"ping ok; {len(vips)} VIP(s) stored" if ok else "ping failed"
-        return CheckItem("redis", config.redis.url, ok, detail)
+        described = await asyncio.wait_for(store.verify(), timeout=STORE_CHECK_TIMEOUT)
+        vips = await store.list_vips()
+        return CheckItem("redis", target, True, f"{described}; {len(vips)} VIP(s) stored")
+    except TimeoutError:
+        return CheckItem("redis", target, False, f"redis.url {redacted_url(config.redis.url)}: no answer within "
+                         f"{STORE_CHECK_TIMEOUT:g} s")
     except Exception as exc:
-        return CheckItem("redis", config.redis.url, False, f"unreachable: {type(exc).__name__}: {exc}")
+        return CheckItem("redis", target, False, f"{type(exc).__name__}: {exc}")
     finally:
         with contextlib.suppress(Exception):  # closing a never-connected client may fail
             await store.close()
+
+
+def check_store_at_start(settings: RedisSettings) -> bool:
+    """Before a process starts its components: False (and the reason on standard error, naming the
+    setting and the URL) when the store is misconfigured, e.g. a plain Redis with ``redis.cluster:
+    true``: no retry can fix that. A store that is down or a cluster that is failing is reported
+    too, but True: the components start anyway and retry, as they do through any outage."""
+    from knapsack_lb.errors import StoreUnavailableError
+    from knapsack_lb.store.redis import RedisLatencyStore, redacted_url
+
+    async def verify() -> str:
+        store = RedisLatencyStore.from_settings(settings)
+        try:
+            return await asyncio.wait_for(store.verify(), timeout=STORE_CHECK_TIMEOUT)
+        finally:
+            with contextlib.suppress(Exception):
+                await store.close()
+
+    console = Console(stderr=True)
+    try:
+        asyncio.run(verify())
+    except InvalidInputError as exc:
+        console.print(f"[red]configuration error[/red]: {exc}", highlight=False)
+        return False
+    except (StoreUnavailableError, TimeoutError) as exc:
+        reason = str(exc) or f"redis.url {redacted_url(settings.url)}: no answer within {STORE_CHECK_TIMEOUT:g} s"
+        console.print(f"[yellow]latency store not ready[/yellow]: {reason}; starting anyway and retrying",
+                      highlight=False)
+    return True
 
 
 async def _check_dips(config: KlbConfig) -> list[CheckItem]:
@@ -185,6 +226,8 @@ def run_services(config: Path, *, probes: bool, controller: bool, api: bool, con
         except InvalidInputError as exc:
             Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
             return 2
+    if not check_store_at_start(cfg.redis):
+        return 2
     configure_logging(cfg.logging.level, cfg.logging.json_lines)
     components = []
     if cfg.probes.enabled and probes:

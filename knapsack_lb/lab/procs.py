@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -25,6 +26,30 @@ def free_port(host: str = "127.0.0.1", kind: int = socket.SOCK_STREAM) -> int:
     with socket.socket(family, kind) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """True when a TCP listener could bind ``host:port`` right now."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_cluster_port(host: str = "127.0.0.1", taken: Sequence[int] = ()) -> int:
+    """A port for a Redis Cluster node: free, at most 55535, and with its cluster bus port (port +
+    10000) free as well; ``taken`` are ports already handed out. ``OSError`` if none is found."""
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(20000, 45000)
+        if port in taken or port + 10000 in taken or port - 10000 in taken:
+            continue
+        if port_is_free(host, port) and port_is_free(host, port + 10000):
+            return port
+    raise OSError(f"no free pair of ports (port, port + 10000) found on {host}")
 
 
 def wait_for_port(host: str, port: int, timeout: float = 10.0) -> None:
@@ -157,3 +182,126 @@ def redis_server(workdir: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@dataclass
+class RedisClusterServers:
+    """A throw-away Redis Cluster on free loopback ports: ``masters`` masters with ``replicas``
+    replicas each (``redis-cli --cluster create``), nothing persisted, node timeout
+    ``node_timeout_ms`` (a dead master's replica is promoted about two timeouts later).
+
+    :meth:`start` returns once every node reports ``cluster_state:ok`` and every replica has
+    finished its first sync; ``TimeoutError`` (with the nodes' logs' tails) otherwise.
+    """
+
+    workdir: Path
+    host: str = "127.0.0.1"
+    masters: int = 3
+    replicas: int = 1
+    node_timeout_ms: int = 1000
+    ports: list[int] = field(default_factory=list, init=False)
+    _procs: dict[int, ManagedProcess] = field(default_factory=dict, init=False)
+
+    @property
+    def url(self) -> str:
+        """The first node, as the store's ``redis.url`` (any node would do)."""
+        return f"redis://{self.host}:{self.ports[0]}/0"
+
+    @property
+    def startup_nodes(self) -> list[str]:
+        """Every node but the first, as ``redis.startup_nodes``."""
+        return [f"{self.host}:{port}" for port in self.ports[1:]]
+
+    def start(self, timeout: float = 30.0) -> RedisClusterServers:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        server = require_binary("redis-server")
+        for _ in range(self.masters * (1 + self.replicas)):
+            port = free_cluster_port(self.host, self.ports)
+            self.ports.append(port)
+            node_dir = self.workdir / str(port)
+            node_dir.mkdir(exist_ok=True)
+            self._procs[port] = ManagedProcess(
+                [server, "--port", str(port), "--bind", self.host, "--cluster-enabled", "yes",
+                 "--cluster-config-file", str(node_dir / "nodes.conf"),
+                 "--cluster-node-timeout", str(self.node_timeout_ms), "--save", "", "--appendonly", "no",
+                 "--dir", str(node_dir)],
+                log_path=node_dir / "redis.log",
+            ).start()
+        try:
+            for port in self.ports:
+                wait_for_port(self.host, port)
+            subprocess.run(
+                [require_binary("redis-cli"), "--cluster", "create", *(f"{self.host}:{p}" for p in self.ports),
+                 "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+                check=True, capture_output=True, timeout=timeout,
+            )
+            self.wait_until_ok(self.ports, timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def cli(self, port: int, *args: str, timeout: float = 5.0) -> str:
+        """Run ``redis-cli -p port args...`` against one node; its standard output."""
+        result = subprocess.run([require_binary("redis-cli"), "-h", self.host, "-p", str(port), *args],
+                                capture_output=True, text=True, timeout=timeout)
+        return result.stdout
+
+    def info(self, port: int, section: str) -> dict[str, str]:
+        """``INFO section`` (or ``CLUSTER INFO`` for ``section='cluster-info'``) of one node, as a dict."""
+        args = ("cluster", "info") if section == "cluster-info" else ("info", section)
+        pairs = (line.split(":", 1) for line in self.cli(port, *args).splitlines() if ":" in line)
+        return {key.strip(): value.strip() for key, value in pairs}
+
+    def master_ports(self) -> list[int]:
+        """Ports of the live nodes that are masters now."""
+        return [p for p in self.ports if self.alive(p) and self.info(p, "replication").get("role") == "master"]
+
+    def replica_ports(self, master_port: int) -> list[int]:
+        """Ports of the live replicas of the master on ``master_port``."""
+        return [p for p in self.ports if p != master_port and self.alive(p)
+                and self.info(p, "replication").get("master_port") == str(master_port)]
+
+    def alive(self, port: int) -> bool:
+        return self._procs[port].alive()
+
+    def wait_until_ok(self, ports: Sequence[int], timeout: float = 30.0) -> None:
+        """Until each node on ``ports`` reports ``cluster_state:ok`` and each replica among them is in sync."""
+        deadline = time.monotonic() + timeout
+        pending = list(ports)
+        while pending:
+            port = pending[0]
+            replication = self.info(port, "replication")
+            synced = replication.get("role") != "slave" or replication.get("master_link_status") == "up"
+            if self.info(port, "cluster-info").get("cluster_state") == "ok" and synced:
+                pending.pop(0)
+                continue
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Redis Cluster node {self.host}:{port} not ok within {timeout} s: "
+                                   f"{self.cli(port, 'cluster', 'info')[:200]!r}")
+            time.sleep(0.05)
+
+    def wait_for_state(self, port: int, state: str, timeout: float = 30.0) -> None:
+        """Until the node on ``port`` reports ``cluster_state:<state>``; ``TimeoutError`` otherwise."""
+        deadline = time.monotonic() + timeout
+        while self.info(port, "cluster-info").get("cluster_state") != state:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Redis Cluster node {self.host}:{port} did not reach cluster_state:{state}")
+            time.sleep(0.05)
+
+    def kill(self, port: int) -> None:
+        """SIGKILL one node, as a crash would."""
+        proc = self._procs[port]
+        proc.signal(signal.SIGKILL)
+        assert proc.process is not None
+        proc.process.wait(timeout=5)
+
+    def stop(self) -> None:
+        for proc in self._procs.values():
+            proc.stop()
+
+    def __enter__(self) -> RedisClusterServers:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -56,16 +56,11 @@ class Component:
 
 
 def open_store(settings: RedisSettings) -> LatencyStore:
-    """The Redis latency store described by ``settings`` (connects lazily, on first use)."""
+    """The Redis latency store described by ``settings``, one Redis or a Redis Cluster (connects
+    lazily, on first use)."""
     from knapsack_lb.store.redis import RedisLatencyStore
 
-    store: LatencyStore = RedisLatencyStore.from_url(
-        settings.url,
-        namespace=settings.namespace,
-        retention_count=settings.measurement_retention_count,
-        retention_seconds=settings.measurement_retention_age,
-        plan_history_limit=settings.plan_history,
-    )
+    store: LatencyStore = RedisLatencyStore.from_settings(settings)
     return store
 
 

@@ -7,7 +7,8 @@ controller state, remeasure requests, leases, heartbeats, statuses), so that one
 is the single source of truth and a restart of any process loses nothing.
 
 Key layout (``ns`` = namespace, default ``klb``). One VIP's keys carry the hash tag
-``{vip}`` and so live in one Redis Cluster slot; keys that span VIPs have their own tag::
+``{vip}`` and so live in one Redis Cluster slot; keys that span VIPs have their own tag (or,
+``ns:vips``, hash as a whole: one slot of their own)::
 
     ns:{vip}:config          string   VipConfig JSON
     ns:{vip}:m:<dip>         zset     Measurement JSON, score = measurement time
@@ -17,12 +18,23 @@ Key layout (``ns`` = namespace, default ``klb``). One VIP's keys carry the hash 
     ns:{vip}:plans           list     plan history (oldest first), bounded
     ns:{vip}:curves          hash     dip -> CurveRecord JSON
     ns:{vip}:state           string   controller state JSON
+    ns:{vip}:lb              string   weights the load balancer confirmed (InForce JSON)
     ns:{vip}:remeasure       set      DIPs the operator asked to re-measure
-    ns:vips                  set      VIP names with a configuration
+    ns:vips                  set      VIP names with a configuration (an index, see below)
     ns:{members:<group>}     zset     member -> expiry (ms, Redis server time)
     ns:{lease:<group>}:<res> string   owner, with a PX TTL
     ns:{status:<comp>}:data  hash     member -> status JSON
     ns:{status:<comp>}:exp   zset     member -> expiry (ms, Redis server time)
+
+Single slot, so atomic on a Redis Cluster as on one Redis: every Lua script (plan fencing
+touches ``plan`` and ``plans`` of one VIP; a status touches ``data`` and ``exp`` of one
+component; leases and heartbeats one key each), the one MULTI/EXEC (``put_curves``, on one
+key) and every multi-key command. Pipelines that span slots are never transactions: a
+probe round (any VIPs) and ``snapshot`` are plain pipelines, which the cluster client splits
+by node. The ``ns:vips`` index is the one relation across slots: ``put_vip`` adds the name
+before it writes the configuration and ``delete_vip`` removes the name after it deleted the
+VIP's keys, so every configured VIP is listed, and a listed VIP without configuration (a
+writer that died between the two steps) is skipped by every reader.
 
 Retention: each DIP's measurement zset is trimmed by age (older than
 ``retention_seconds`` before ``now``) and by count (newest ``retention_count``) in the
@@ -40,11 +52,20 @@ Plans are fenced: ``put_plan`` refuses a versioned plan that is not newer than t
 (:class:`~knapsack_lb.errors.StalePlanError`), so a controller that was paused or cut off while
 another took its VIP over can never overwrite the newer plan.
 
-Round trips: ``put_measurements`` is one pipeline whatever the number of DIPs and VIPs;
-``snapshot`` is one pipeline of six reads. Failures: every method raises
-:class:`~knapsack_lb.errors.StoreUnavailableError` when Redis is unreachable, times out or is
-still loading; callers decide (the probe worker buffers, see :mod:`probes.worker`; the controller
-backs off and keeps the load balancer's weights).
+Round trips: ``put_measurements`` is one pipeline whatever the number of DIPs and VIPs (on a
+cluster, one per node it touches, sent concurrently); ``snapshot`` is one pipeline of seven reads
+of one slot. Clients: :func:`create_redis_client` builds the plain asyncio client or, with
+``cluster=True``, redis-py's ``RedisCluster`` (slot map, MOVED/ASK redirections, failover);
+:meth:`RedisLatencyStore.from_settings` is how every process opens the store.
+
+Failures: every method raises :class:`~knapsack_lb.errors.StoreUnavailableError` when Redis is
+unreachable, times out or is still loading, and on a cluster also when a slot has moved or is
+migrating beyond the client's retries, a node is down or the cluster is down (``CLUSTERDOWN``,
+``MASTERDOWN``, ``TRYAGAIN``, slots not covered); callers decide (the probe worker buffers, see
+:mod:`probes.worker`; the controller backs off and keeps the load balancer's weights). A cross-slot
+transaction would be a programming error and is not mapped. :meth:`RedisLatencyStore.verify` tells
+a store that is down apart from one that is misconfigured (a plain Redis configured as a cluster,
+or a cluster node configured as a plain Redis).
 """
 
 from __future__ import annotations
@@ -55,9 +76,12 @@ import json
 import math
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeAlias, TypeVar
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
+from redis import exceptions as redis_errors
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from knapsack_lb.errors import InvalidInputError, StalePlanError, StoreUnavailableError
 from knapsack_lb.model import Measurement, VipConfig, WeightPlan
@@ -136,6 +160,12 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 return 1
 """
 
+_TAKE_SET = """
+local members = redis.call('SMEMBERS', KEYS[1])
+redis.call('DEL', KEYS[1])
+return members
+"""
+
 _STATUSES = _SERVER_NOW_MS + """
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
 for _, member in ipairs(expired) do redis.call('HDEL', KEYS[1], member) end
@@ -200,7 +230,44 @@ def _validate_resource(resource: str) -> str:
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
-UNAVAILABLE = (aioredis.ConnectionError, aioredis.TimeoutError, OSError)
+RedisClient: TypeAlias = "aioredis.Redis | RedisCluster"
+
+
+class StoreSettings(Protocol):
+    """What :meth:`RedisLatencyStore.from_settings` reads: the fields of the configuration file's
+    ``redis`` block (:class:`knapsack_lb.config.RedisSettings`, which the store does not import)."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def cluster(self) -> bool: ...
+    @property
+    def measurement_retention_count(self) -> int: ...
+    @property
+    def measurement_retention_age(self) -> float: ...
+    @property
+    def plan_history(self) -> int: ...
+    def startup_node_addresses(self) -> tuple[tuple[str, int], ...]: ...
+
+
+UNAVAILABLE = (
+    aioredis.ConnectionError, aioredis.TimeoutError, OSError,
+    # Redis Cluster: down or failing over (CLUSTERDOWN, MASTERDOWN), a slot moved or migrating beyond the
+    # client's retries (MOVED, ASK, TRYAGAIN), no reachable node or slots not covered
+    redis_errors.ClusterError, redis_errors.AskError, redis_errors.TryAgainError, redis_errors.RedisClusterException,
+)
+# Programming errors a cluster client raises as RedisClusterException: never an outage
+NOT_UNAVAILABLE = (redis_errors.CrossSlotTransactionError, redis_errors.InvalidPipelineStack)
+CLUSTER_MODE_DISABLED = "Cluster mode is not enabled"
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """True for the client errors that mean "the store does not answer now" (see the module
+    docstring); False for a :class:`StoreUnavailableError` already raised (a ``ConnectionError``
+    too), which passes through as it is."""
+    return isinstance(exc, UNAVAILABLE) and not isinstance(exc, (*NOT_UNAVAILABLE, StoreUnavailableError))
 
 
 def _store_errors(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
@@ -209,17 +276,71 @@ def _store_errors(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]
         try:
             return await method(*args, **kwargs)
         except UNAVAILABLE as exc:
+            if not _unavailable(exc):
+                raise
             raise StoreUnavailableError(f"redis: {type(exc).__name__}: {exc}") from exc
 
     return wrapper
 
 
 def _unavailable_as_store_errors(cls: type[T]) -> type[T]:
-    """Every coroutine method of ``cls`` raises :class:`StoreUnavailableError` for an unreachable Redis."""
+    """Every public coroutine method of ``cls`` raises :class:`StoreUnavailableError` for an
+    unreachable Redis (private ones are steps of a public one, which maps their errors)."""
     for name, member in list(vars(cls).items()):
-        if inspect.iscoroutinefunction(member) and name not in ("ping", "close"):
+        if inspect.iscoroutinefunction(member) and not name.startswith("_") and name not in ("ping", "close"):
             setattr(cls, name, _store_errors(member))
     return cls
+
+
+def create_redis_client(
+    url: str, *, cluster: bool = False, startup_nodes: Sequence[tuple[str, int]] = (), socket_timeout: float = 2.0,
+    **connection_options: Any,
+) -> RedisClient:
+    """The asyncio client of the store at ``url``: redis-py's ``RedisCluster`` when ``cluster``
+    (``url`` is one startup node, ``startup_nodes`` more of them, tried when it is down), else the
+    plain client. Nothing is sent until first use.
+
+    :class:`InvalidInputError` names ``redis_url`` (not redis://, rediss:// or unix://; on a
+    cluster also a unix socket or a database other than 0, which Redis Cluster does not have) or
+    ``startup_nodes`` (given without ``cluster``).
+    """
+    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+        raise InvalidInputError("redis_url", url, "must start with redis://, rediss:// or unix://")
+    options = dict(decode_responses=True, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout,
+                   **connection_options)
+    if not cluster:
+        if startup_nodes:
+            raise InvalidInputError("startup_nodes", list(startup_nodes), "are only used with a Redis Cluster "
+                                    "(cluster: true)")
+        return aioredis.Redis.from_url(url, **options)
+    problem = cluster_url_problem(url)
+    if problem:
+        raise InvalidInputError("redis_url", url, problem)
+    nodes = [ClusterNode(host, port) for host, port in startup_nodes]
+    return RedisCluster.from_url(url, startup_nodes=nodes or None, **options)
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
+
+
+def cluster_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot name a Redis Cluster node (a unix socket, a database other than 0), else None."""
+    if url.startswith("unix://"):
+        return "a Redis Cluster is reached over TCP: use redis://host:port or rediss://host:port"
+    parts = urlsplit(url)
+    if not parts.hostname:
+        return "names no host: use redis://host:port"
+    database = parts.path.strip("/")
+    if database not in ("", "0"):
+        return f"selects database {database}, but a Redis Cluster has only database 0"
+    return None
 
 
 @_unavailable_as_store_errors
@@ -228,7 +349,7 @@ class RedisLatencyStore:
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: RedisClient,
         *,
         namespace: str = "klb",
         retention_count: int = DEFAULT_RETENTION_COUNT,
@@ -244,6 +365,7 @@ class RedisLatencyStore:
         if not isinstance(plan_history_limit, int) or plan_history_limit < 1:
             raise InvalidInputError("plan_history_limit", plan_history_limit, "must be an integer >= 1")
         self.client = client
+        self.url = "<client>"  # from_url names the URL (password redacted); errors and checks show it
         self.namespace = namespace
         self.retention_count = retention_count
         self.retention_seconds = retention_seconds
@@ -256,6 +378,7 @@ class RedisLatencyStore:
         self._put_plan = client.register_script(_PUT_PLAN)
         self._put_status = client.register_script(_PUT_STATUS)
         self._statuses = client.register_script(_STATUSES)
+        self._take_set = client.register_script(_TAKE_SET)
 
     @classmethod
     def from_url(
@@ -271,9 +394,14 @@ class RedisLatencyStore:
         measurement_retention_count: int | None = None,
         measurement_retention_age: float | None = None,
         plan_history: int | None = None,
+        cluster: bool = False,
+        startup_nodes: Sequence[tuple[str, int]] = (),
+        **connection_options: Any,
     ) -> RedisLatencyStore:
         """Connect lazily to ``url`` (``redis://host:port/db``); nothing is sent until first use.
 
+        ``cluster`` makes ``url`` a startup node of a Redis Cluster (``startup_nodes``: more of
+        them, ``(host, port)``); see :func:`create_redis_client` for the errors.
         ``measurement_retention_count``, ``measurement_retention_age`` and ``plan_history``
         are the :class:`knapsack_lb.config.RedisSettings` names of ``retention_count``,
         ``retention_seconds`` and ``plan_history_limit``; given, they win.
@@ -281,13 +409,28 @@ class RedisLatencyStore:
         retention_count = measurement_retention_count or retention_count
         retention_seconds = measurement_retention_age or retention_seconds
         plan_history_limit = plan_history or plan_history_limit
-        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-            raise InvalidInputError("redis_url", url, "must start with redis://, rediss:// or unix://")
-        client = aioredis.Redis.from_url(
-            url, decode_responses=True, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout,
+        client = create_redis_client(url, cluster=cluster, startup_nodes=startup_nodes, socket_timeout=socket_timeout,
+                                     **connection_options)
+        store = cls(client, namespace=namespace, retention_count=retention_count,
+                    retention_seconds=retention_seconds, plan_history_limit=plan_history_limit, now=now)
+        store.url = redacted_url(url)
+        return store
+
+    @classmethod
+    def from_settings(cls, settings: StoreSettings, *, now: Callable[[], float] | None = None,
+                      socket_timeout: float = 2.0) -> RedisLatencyStore:
+        """The store a configuration file's ``redis`` block describes (one Redis or a Redis Cluster);
+        how every process opens it. Connects lazily, like :meth:`from_url`."""
+        return cls.from_url(
+            settings.url, settings.namespace, retention_count=settings.measurement_retention_count,
+            retention_seconds=settings.measurement_retention_age, plan_history_limit=settings.plan_history,
+            now=now, socket_timeout=socket_timeout, cluster=settings.cluster,
+            startup_nodes=settings.startup_node_addresses(),
         )
-        return cls(client, namespace=namespace, retention_count=retention_count,
-                   retention_seconds=retention_seconds, plan_history_limit=plan_history_limit, now=now)
+
+    @property
+    def is_cluster(self) -> bool:
+        return isinstance(self.client, RedisCluster)
 
     # --- keys (python-rq style templates) -------------------------------------------------
     def _vk(self, vip: str, suffix: str) -> str:
@@ -312,10 +455,10 @@ class RedisLatencyStore:
 
     # --- configuration -----------------------------------------------------------------------
     async def put_vip(self, config: VipConfig) -> None:
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.set(self._vk(config.name, "config"), config.model_dump_json())
-            pipe.sadd(self._vips_key, config.name)
-            await pipe.execute()
+        """Index the name, then write the configuration (two slots: see "the ``ns:vips`` index")."""
+        key = self._vk(config.name, "config")
+        await self.client.sadd(self._vips_key, config.name)
+        await self.client.set(key, config.model_dump_json())
 
     async def get_vip(self, vip: str) -> VipConfig | None:
         text = await self.client.get(self._vk(vip, "config"))
@@ -330,10 +473,8 @@ class RedisLatencyStore:
         keys = [self._vk(vip, s) for s in ("config", "mdips", "latest", "plan", "plans", "curves", "state",
                                            "remeasure", "lb")]
         keys += [self._mkey(vip, dip) for dip in dips]
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.delete(*keys)
-            pipe.srem(self._vips_key, vip)
-            await pipe.execute()
+        await self.client.delete(*keys)  # one slot: one atomic DEL
+        await self.client.srem(self._vips_key, vip)
 
     # --- measurements --------------------------------------------------------------------------
     async def put_measurements(self, measurements: Sequence[Measurement], now: float | None = None) -> None:
@@ -441,12 +582,8 @@ class RedisLatencyStore:
         await self.client.sadd(self._vk(vip, "remeasure"), validate_name("dip", dip))
 
     async def take_remeasure_requests(self, vip: str) -> set[str]:
-        """Read and clear atomically (MULTI/EXEC): a request is taken exactly once."""
-        key = self._vk(vip, "remeasure")
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.smembers(key)
-            pipe.delete(key)
-            members, _ = await pipe.execute()
+        """Read and clear atomically (one Lua script on one key): a request is taken exactly once."""
+        members = await self._take_set(keys=[self._vk(vip, "remeasure")])
         return {_text(m) for m in members}
 
     async def snapshot(self, vip: str, measurements_since: float | None = None) -> VipSnapshot:
@@ -512,8 +649,61 @@ class RedisLatencyStore:
     async def ping(self) -> bool:
         try:
             return bool(await self.client.ping())
-        except (aioredis.ConnectionError, aioredis.TimeoutError, OSError):
+        except UNAVAILABLE as exc:
+            if not _unavailable(exc):
+                raise
             return False
+
+    async def verify(self) -> str:
+        """Check that the store answers and is what it was configured as; a one-line description.
+
+        Raises :class:`InvalidInputError` naming ``redis.cluster`` and the URL when a plain Redis is
+        configured as a cluster or a cluster node as a plain Redis (a mistake no retry fixes), and
+        :class:`StoreUnavailableError` naming ``redis.url`` when nothing answers, a node is
+        unreachable or a node reports ``cluster_state:fail`` (slots without a live master).
+        """
+        setting = "redis.url" + (" (redis.cluster: true)" if self.is_cluster else "")
+        try:
+            if isinstance(self.client, RedisCluster):
+                return await self._verify_cluster()
+            info = await self.client.info("server")
+            cluster_info = await self.client.info("cluster")
+        except UNAVAILABLE as exc:
+            if not _unavailable(exc):
+                raise
+            if CLUSTER_MODE_DISABLED in str(exc):
+                raise InvalidInputError("redis.cluster", self.url, "is true, but this Redis is not a cluster node "
+                                        "(cluster_enabled:0): set redis.cluster: false or name a cluster node") from exc
+            raise StoreUnavailableError(f"{setting} {self.url}: {type(exc).__name__}: {exc}") from exc
+        if int(cluster_info.get("cluster_enabled", 0)):
+            raise InvalidInputError("redis.cluster", self.url, "is false, but this Redis is a Redis Cluster node "
+                                    "(cluster_enabled:1): set redis.cluster: true")
+        return f"redis {info.get('redis_version', '?')}"
+
+    async def _verify_cluster(self) -> str:
+        """Every master must answer with ``cluster_state:ok``; an unreachable replica is only noted."""
+        assert isinstance(self.client, RedisCluster)
+        await self.client.initialize()
+        primaries, replicas = self.client.get_primaries(), self.client.get_replicas()
+        problems, notes = [], []
+        for node in primaries + replicas:
+            try:
+                state = (await self.client.cluster_info(target_nodes=node)).get("cluster_state")
+            except UNAVAILABLE as exc:
+                if not _unavailable(exc):
+                    raise
+                if node in primaries:
+                    problems.append(f"master {node.name} unreachable ({type(exc).__name__})")
+                else:
+                    notes.append(f"replica {node.name} unreachable")
+                continue
+            if state != "ok":
+                problems.append(f"{node.name} reports cluster_state:{state}")
+        if problems:
+            raise StoreUnavailableError(f"redis.url (redis.cluster: true) {self.url}: the Redis Cluster is not "
+                                        f"healthy: {'; '.join(problems)}")
+        note = f" ({'; '.join(notes)})" if notes else ""
+        return f"Redis Cluster: {len(primaries)} masters, {len(replicas)} replicas, cluster_state:ok{note}"
 
     async def close(self) -> None:
         await self.client.aclose()

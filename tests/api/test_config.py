@@ -60,6 +60,14 @@ def test_every_config_field_has_a_description() -> None:
         ({"api": {"host": "localhost:80"}}, "api.host", "localhost:80"),
         ({"controller": {"loop": {"interval": -1}}}, "controller.loop.interval", -1),
         ({"redis": {"url": "http://x"}}, "redis.url", "http://x"),
+        ({"redis": {"cluster": "maybe"}}, "redis.cluster", "maybe"),
+        ({"redis": {"startup_nodes": ["10.0.0.2:7000"]}}, "redis.startup_nodes", ["10.0.0.2:7000"]),
+        ({"redis": {"cluster": True, "startup_nodes": ["10.0.0.2:7000", "10.0.0.3"]}}, "redis.startup_nodes.1",
+         "10.0.0.3"),
+        ({"redis": {"cluster": True, "startup_nodes": ["10.0.0.2:99999"]}}, "redis.startup_nodes.0",
+         "10.0.0.2:99999"),
+        ({"redis": {"cluster": True, "url": "redis://10.0.0.1:7000/2"}}, "redis.url", "redis://10.0.0.1:7000/2"),
+        ({"redis": {"cluster": True, "url": "unix:///run/redis.sock"}}, "redis.url", "unix:///run/redis.sock"),
         ({"logging": {"level": "LOUD"}}, "logging.level", "LOUD"),
         ({"surprise": 1}, "surprise", 1),
     ],
@@ -70,6 +78,14 @@ def test_errors_name_the_field_and_value(raw: dict[str, object], field: str, val
     assert info.value.field == field
     assert info.value.value == value
     assert field in str(info.value)
+
+
+def test_a_redis_cluster_with_startup_nodes_is_accepted() -> None:
+    config = parse_config({"redis": {"url": "redis://10.0.0.1:7000", "cluster": True,
+                                     "startup_nodes": ["10.0.0.2:7000", "[fd00::3]:7000"]}})
+    assert config.redis.cluster
+    assert config.redis.startup_node_addresses() == (("10.0.0.2", 7000), ("fd00::3", 7000))
+    assert not parse_config({}).redis.cluster
 
 
 def test_a_controller_setting_by_its_old_flat_name_says_where_it_moved() -> None:

@@ -14,11 +14,12 @@ from knapsack_lb.config import load_config
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_compose_file_is_valid() -> None:
+@pytest.mark.parametrize("profile", [[], ["--profile", "cluster"]], ids=["default", "cluster"])
+def test_compose_file_is_valid(profile: list[str]) -> None:
     binary = shutil.which("docker-compose")
     if binary is None:
         pytest.skip("docker-compose is not installed (make test installs it)")
-    result = subprocess.run([binary, "-f", str(ROOT / "docker-compose.yml"), "config", "-q"], cwd=ROOT,
+    result = subprocess.run([binary, "-f", str(ROOT / "docker-compose.yml"), *profile, "config", "-q"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
 
@@ -31,8 +32,8 @@ def test_compose_services_run_klb_with_the_example_config() -> None:
     assert commands["api"][:3] == ["api", "--config", "/etc/klb/config.yaml"]
     assert commands["probes"] == ["probe", "--config", "/etc/klb/config.yaml"]
     assert commands["controller"] == ["controller", "--config", "/etc/klb/config.yaml"]
-    mounted = {v.split(":")[0] for v in compose["x-klb"]["volumes"]}
-    assert "./examples/compose-config.yaml" in mounted
+    (volume,) = compose["x-klb"]["volumes"]
+    assert volume == "${KLB_CONFIG_FILE:-./examples/compose-config.yaml}:/etc/klb/config.yaml:ro"
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "FROM python:3.11-slim" in dockerfile and 'ENTRYPOINT ["klb"]' in dockerfile
 
@@ -48,3 +49,32 @@ def test_example_config_matches_the_compose_haproxy() -> None:
     for dip in vip.dips:
         assert f"server {dip.name} {dip.address}" in haproxy_cfg
     assert "mode tcp" in haproxy_cfg
+
+
+CLUSTER_NODES = [f"redis-node-{n}" for n in range(1, 7)]
+
+
+def test_the_cluster_profile_has_six_cluster_nodes_and_a_one_shot_create_job() -> None:
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    for name in CLUSTER_NODES:
+        node = services[name]
+        assert node["profiles"] == ["cluster"]
+        command = node["command"]
+        assert command[command.index("--cluster-enabled") + 1] == "yes"
+        assert command[command.index("--port") + 1] == "6379"
+    create = services["redis-cluster-create"]
+    assert create["profiles"] == ["cluster"] and create["restart"] == "no"
+    assert create["depends_on"] == CLUSTER_NODES
+    script = create["command"][0]
+    assert "--cluster create $$nodes --cluster-replicas 1 --cluster-yes" in script
+    assert "for n in 1 2 3 4 5 6" in script and "cluster_state:ok" in script
+    assert not any("profiles" in services[name] for name in ("redis", "probes", "controller", "api"))
+
+
+def test_the_cluster_example_config_names_every_node_and_differs_only_in_redis() -> None:
+    single = load_config(ROOT / "examples" / "compose-config.yaml")
+    cluster = load_config(ROOT / "examples" / "compose-cluster-config.yaml")
+    assert cluster.redis.cluster and cluster.redis.url == "redis://redis-node-1:6379/0"
+    named = ["redis-node-1", *(host for host, _port in cluster.redis.startup_node_addresses())]
+    assert named == CLUSTER_NODES
+    assert cluster.model_dump(exclude={"redis"}) == single.model_dump(exclude={"redis"})

@@ -1,4 +1,5 @@
-"""The controller service against a real Redis: store round trips, leases, take-over, overrides.
+"""The controller service against a real Redis and a real Redis Cluster (every test on both):
+store round trips, leases, take-over, overrides.
 
 Probe rounds come from the fluid model (written into Redis the way probe workers write them);
 the LB is a RecordingAdapter whose weights feed back into the fluid model. Time is a
@@ -22,17 +23,17 @@ from knapsack_lb.controller.settings import ControllerSettings, LoopSettings, So
 from knapsack_lb.curves import curve_models
 from knapsack_lb.errors import StalePlanError
 from knapsack_lb.lab.fluid import FluidDip, FluidModel
-from knapsack_lb.lab.procs import RedisServer
 from knapsack_lb.model import AdapterSpec, DipConfig, VipConfig
 from knapsack_lb.service.controller import LEASE_GROUP, ControllerService
 from knapsack_lb.store.redis import RedisLatencyStore
+from tests.conftest import RedisTarget
 
 SETTINGS = ControllerSettings(solver=SolverSettings(units=20_000), loop=LoopSettings(lease_ttl=1.0))
 
 
 @pytest.fixture
-async def store(redis_server: RedisServer) -> AsyncIterator[RedisLatencyStore]:
-    redis_store = RedisLatencyStore.from_url(redis_server.url, namespace="c" + uuid.uuid4().hex[:10])
+async def store(redis_target: RedisTarget) -> AsyncIterator[RedisLatencyStore]:
+    redis_store = redis_target.store(namespace="c" + uuid.uuid4().hex[:10])
     try:
         yield redis_store
     finally:

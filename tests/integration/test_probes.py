@@ -21,6 +21,7 @@ from knapsack_lb.store.redis import RedisLatencyStore
 from probes.assignment import rendezvous_owner
 from probes.targets import build_targets, parse_probe_url
 from probes.worker import ProbeWorker, ProbeWorkerOptions
+from tests.conftest import RedisTarget
 
 
 def _vip(name: str, addresses: dict[str, str], **probe: object) -> VipConfig:
@@ -135,10 +136,11 @@ async def test_a_vip_with_an_unresolvable_dip_is_skipped_and_others_probed(store
         assert worker.owned == {"good:d1"}
 
 
-def _probe_process(url: str, namespace: str, worker_id: str, log_dir: Path) -> ManagedProcess:
+def _probe_process(target: RedisTarget, namespace: str, worker_id: str, log_dir: Path) -> ManagedProcess:
     # `klb-probe` is `klb probe` without loading the rest of the klb app (faster start).
-    argv = [sys.executable, "-m", "knapsack_lb.cli.probe_main", "--redis", url, "--namespace", namespace,
-            "--worker-id", worker_id, "--duration", "60", "--log-format", "json"]
+    argv = [sys.executable, "-m", "knapsack_lb.cli.probe_main", "--redis", target.url, "--namespace", namespace,
+            "--worker-id", worker_id, "--duration", "60", "--log-format", "json",
+            *(["--redis-cluster"] if target.cluster else [])]
     return ManagedProcess(argv, log_path=log_dir / f"{worker_id}.log").start()
 
 
@@ -157,17 +159,17 @@ async def _wait_for(predicate_coro: object, timeout: float) -> None:
 
 @pytest.mark.slow
 async def test_three_worker_processes_share_dips_and_take_over_from_a_killed_one(
-    redis_server: RedisServer, tmp_path: Path
+    redis_target: RedisTarget, tmp_path: Path
 ) -> None:
     interval = 1.0
     namespace = "p" + uuid.uuid4().hex[:10]
-    store = RedisLatencyStore.from_url(redis_server.url, namespace=namespace)
+    store = redis_target.store(namespace=namespace)
     dips = [f"d{i}" for i in range(9)]
     resources = [f"web:{d}" for d in dips]
     workers = ["wa", "wb", "wc"]
     with EmulatorFleet([EmulatorConfig(d, service_time=0.001, distribution="fixed") for d in dips]) as fleet:
         await store.put_vip(_vip("web", fleet.addresses, requests_per_round=5, interval=interval))
-        procs = {w: _probe_process(redis_server.url, namespace, w, tmp_path) for w in workers}
+        procs = {w: _probe_process(redis_target, namespace, w, tmp_path) for w in workers}
         try:
             async def settled() -> bool:
                 owners = await _owners(store, resources)
@@ -188,7 +190,7 @@ async def test_three_worker_processes_share_dips_and_take_over_from_a_killed_one
             survivors = [w for w in workers if w != victim]
             assert all(o in survivors for o in (await _owners(store, resources)).values())
 
-            procs["wd"] = _probe_process(redis_server.url, namespace, "wd", tmp_path)
+            procs["wd"] = _probe_process(redis_target, namespace, "wd", tmp_path)
             members = [*survivors, "wd"]
 
             async def rebalanced() -> bool:
@@ -261,7 +263,7 @@ def test_klb_probe_refuses_a_bad_redis_url_and_worker_id() -> None:
     from knapsack_lb.cli.main import app
 
     result = CliRunner().invoke(app, ["probe", "--redis", "http://x", "--worker-id", "w1", "--duration", "1"])
-    assert result.exit_code == 2 and "redis_url" in result.output
+    assert result.exit_code == 2 and "redis.url" in result.output
     result = CliRunner().invoke(app, ["probe", "--redis", "redis://127.0.0.1:1/0", "--worker-id", "bad;id"])
     assert result.exit_code == 2 and "worker_id" in result.output
 

@@ -1,7 +1,8 @@
-"""The latency store contract against a real redis-server (and the in-memory store, same tests).
+"""The latency store contract against a real redis-server, a real Redis Cluster (3 masters with a
+replica each) and the in-memory store: the same tests on each.
 
-Every test gets its own key namespace on the session's Redis; tests that kill Redis use
-their own server.
+Every test gets its own key namespace on the session's Redis or Redis Cluster; tests that kill
+Redis use their own server (the cluster's failover: test_store_redis_cluster.py).
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from knapsack_lb.errors import InvalidInputError, StalePlanError, StoreUnavailableError
-from knapsack_lb.lab.procs import ManagedProcess, RedisServer, free_port, require_binary, wait_for_port
+from knapsack_lb.lab.procs import ManagedProcess, free_port, require_binary, wait_for_port
 from knapsack_lb.model import DipConfig, Measurement, ProbeSpec, VipConfig, WeightPlan
 from knapsack_lb.store import CurveRecord, LatencyStore
 from knapsack_lb.store.memory import MemoryLatencyStore
-from knapsack_lb.store.redis import RedisLatencyStore
+from knapsack_lb.store.redis import RedisLatencyStore, redacted_url
+from tests.conftest import RedisTarget, make_redis_target
 
 
 class CountingConnection(aioredis.Connection):
@@ -56,11 +59,12 @@ def vip_config(name: str = "web") -> VipConfig:
     )
 
 
-@pytest.fixture(params=["redis", "memory"])
-async def store(request: pytest.FixtureRequest, redis_server: RedisServer) -> AsyncIterator[LatencyStore]:
-    if request.param == "redis":
-        redis_store = RedisLatencyStore.from_url(redis_server.url, namespace=_namespace(), retention_count=5,
-                                                 retention_seconds=100.0, plan_history_limit=3)
+@pytest.fixture(params=["redis", "cluster", "memory"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[LatencyStore]:
+    if request.param in ("redis", "cluster"):
+        target = make_redis_target(request, request.param)
+        redis_store = target.store(namespace=_namespace(), retention_count=5, retention_seconds=100.0,
+                                   plan_history_limit=3)
         yield redis_store
         await redis_store.close()
     else:
@@ -200,8 +204,8 @@ async def test_bad_names_are_refused(store: LatencyStore) -> None:
         await store.heartbeat("probes", "w 1", ttl=1.0)
 
 
-async def test_redis_lease_expires_and_is_taken_over(redis_server: RedisServer) -> None:
-    store = RedisLatencyStore.from_url(redis_server.url, namespace=_namespace())
+async def test_redis_lease_expires_and_is_taken_over(redis_target: RedisTarget) -> None:
+    store = redis_target.store(namespace=_namespace())
     try:
         assert await store.acquire_lease("probes", "web:d1", "dead", ttl=0.2)
         assert not await store.acquire_lease("probes", "web:d1", "alive", ttl=1.0)
@@ -235,12 +239,16 @@ async def test_memory_lease_expiry_follows_the_injected_clock() -> None:
     assert await store.acquire_lease("probes", "web:d1", "alive", ttl=2.0)
 
 
-async def test_one_round_trip_for_a_round_and_for_a_snapshot(redis_server: RedisServer) -> None:
-    pool = aioredis.ConnectionPool.from_url(redis_server.url, decode_responses=True,
-                                            connection_class=CountingConnection)
-    store = RedisLatencyStore(aioredis.Redis(connection_pool=pool), namespace=_namespace())
+async def test_one_round_trip_for_a_round_and_for_a_snapshot(redis_target: RedisTarget) -> None:
+    """On a cluster too: one VIP's keys are one slot, so its round and its snapshot go to one node."""
+    options = {} if redis_target.cluster else {"connection_class": CountingConnection}
+    store = redis_target.store(namespace=_namespace(), **options)
     try:
         await store.ping()
+        if isinstance(store.client, RedisCluster):  # its nodes build their connections themselves
+            for node in store.client.get_nodes():
+                await node.disconnect()
+                node.connection_class = CountingConnection
         await store.put_vip(vip_config())
         CountingConnection.sends = 0
         await store.put_measurements([measurement(f"d{i}", 1.0) for i in range(1, 21)])
@@ -289,6 +297,13 @@ async def test_acknowledged_writes_survive_a_redis_crash_with_appendonly(tmp_pat
 def test_from_url_refuses_a_non_redis_url() -> None:
     with pytest.raises(InvalidInputError, match="redis_url"):
         RedisLatencyStore.from_url("http://127.0.0.1:6379")
+
+
+def test_messages_show_the_url_without_its_password() -> None:
+    assert redacted_url("redis://:s3cret@10.0.0.1:6379/0") == "redis://:***@10.0.0.1:6379/0"
+    assert redacted_url("rediss://klb:s3cret@redis.example:6380") == "rediss://klb:***@redis.example:6380"
+    assert redacted_url("redis://10.0.0.1:6379/0") == "redis://10.0.0.1:6379/0"
+    assert RedisLatencyStore.from_url("redis://:s3cret@127.0.0.1:1/0").url == "redis://:***@127.0.0.1:1/0"
 
 
 def test_both_stores_implement_the_protocol() -> None:
