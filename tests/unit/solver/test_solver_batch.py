@@ -42,6 +42,17 @@ def test_ties_between_identical_dips_are_broken_as_solve_breaks_them() -> None:
         assert [plan(s) for s in batched] == [plan(s) for s in one_by_one(problems, "mean", units)]
 
 
+def test_flat_curves_where_every_unit_costs_the_same_fill_dips_in_the_same_order() -> None:
+    def flat(latencies: list[float], w_max: float) -> list[DipInput]:
+        return [DipInput(f"d{i}", QuadraticCurve(a, 0.0, 0.0), w_max) for i, a in enumerate(latencies)]
+
+    problems = [flat([0.01] * 4, 0.4), flat([0.01, 0.02, 0.01, 0.02, 0.01], 0.3), flat([0.005] * 30, 0.05)]
+    for units in (1000, 100_000, 1_000_000):
+        for objective in ("mean", "sum"):
+            batched = solve_many(problems, objective=objective, units=units)
+            assert [plan(s) for s in batched] == [plan(s) for s in one_by_one(problems, objective, units)]
+
+
 def test_vips_the_batch_cannot_take_are_solved_alone_in_their_place() -> None:
     rng = np.random.default_rng(3)
     pinned = [DipInput(d.name, d.curve, d.w_max, pin=0.05 if i == 0 else None)
