@@ -98,12 +98,48 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
                  "(a busy machine on purpose; 4 keep two cores at a load of about 2)."
         )] = 0,
         json_output: Annotated[bool, typer.Option("--json", help="One-line JSON (default: indented JSON).")] = False,
+        sizing: Annotated[bool, typer.Option(
+            "--sizing", help="Instead: find how many DIPs one worker serves at --requests-per-round per --interval "
+                             "(the paper's 100 per 5 s), doubling from --start-dips up to --max-dips, then bisecting."
+        )] = False,
+        start_dips: Annotated[int, typer.Option(help="--sizing: DIPs of the first step.")] = 25,
+        max_dips: Annotated[int, typer.Option(help="--sizing: never more DIPs than this.")] = 800,
+        interval: Annotated[float, typer.Option(help="--sizing: probe interval, s (the paper's 5).")] = 5.0,
+        rounds: Annotated[int, typer.Option(help="--sizing: rounds per step.")] = 3,
+        max_seconds: Annotated[float, typer.Option(help="--sizing: start no step after this many seconds.")] = 600.0,
+        worker_concurrency: Annotated[int, typer.Option(
+            help="--sizing: the worker's max_concurrency (DIPs probed at once; the worker's default 256)."
+        )] = 256,
     ) -> None:
-        """Probe requests per CPU-second and probe latency error against emulated DIPs (prints JSON)."""
+        """Probe requests per CPU-second and probe latency error against emulated DIPs (prints JSON).
+
+        With --sizing: the largest number of DIPs one probe worker process serves while keeping
+        the round cadence (every round on time, every request answered), against emulated DIPs
+        on loopback, with the worker's CPU share and a per-core projection.
+        """
         from rich.console import Console
         from rich.progress import Progress
 
-        from knapsack_lb.lab.bench.probes import run_probe_benchmark
+        from knapsack_lb.lab.bench.probes import run_probe_benchmark, run_probe_sizing
+
+        if sizing:
+            with Progress(console=Console(stderr=True), transient=True) as progress:
+                task = progress.add_task("probe sizing", total=None)
+
+                def on_step(n: int, elapsed: float) -> None:
+                    progress.update(task, description=f"probe sizing: {n} DIPs ({elapsed:.0f} s so far)")
+
+                try:
+                    result = run_probe_sizing(start_dips=start_dips, max_dips=max_dips, interval=interval,
+                                              requests_per_round=requests_per_round, rounds=rounds,
+                                              max_seconds=max_seconds, max_concurrency=worker_concurrency,
+                                              on_step=on_step)
+                except ValueError as bad:
+                    progress.stop()
+                    typer.echo(f"klb bench probes: {bad}", err=True)
+                    raise typer.Exit(2) from None
+            typer.echo(json.dumps(result, indent=None if json_output else 2))
+            return
 
         phases = 3
         with Progress(console=Console(stderr=True), transient=True) as progress:

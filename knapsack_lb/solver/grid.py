@@ -148,34 +148,41 @@ class CurveTable:
             return self._analytic_all(w)
         return self.latency(np.arange(len(self), dtype=np.int64), w)
 
-    def marginal_inverse(self, objective: str, lam: float, unit: float) -> FloatArray | None:
+    def marginal_inverse(self, objective: str, lam: float | FloatArray, unit: float,
+                         idx: IntArray | None = None) -> FloatArray | None:
         """Per DIP, the real weight ``w`` at which ``marginal(w) == lam`` (-inf/+inf if none), or None.
 
         A hint for the greedy's bisection (which verifies it): quadratic curves solve
         ``A w^2 + B w + C = 0`` as ``w = -2C / (B + sqrt(B^2 - 4AC))``; queueing curves solve
-        ``x (x - u) = R`` for ``x = s - w``.
+        ``x (x - u) = R`` for ``x = s - w``. With ``idx``, only for those DIPs, and ``lam`` may
+        then hold one level per entry of ``idx`` (the batched greedy: one level per VIP).
         """
         if self.generic.size:
             return None
         u = unit
+        if idx is None:
+            a, b, c, q, s_finite = self.a, self.b, self.c, self.q, self.s_finite
+        else:
+            a, b, c, q, s_finite = self.a[idx], self.b[idx], self.c[idx], self.q[idx], self.s_finite[idx]
+        n = len(a)
         with np.errstate(all="ignore"):
             if objective == "mean":
-                qa, qb = 3 * self.c * u, u * (2 * self.b + 3 * self.c * u)
-                qc = u * (self.a + self.b * u + self.c * u * u)
-                rest = lam - u * self.a
-                r = self.q * u * self.s_finite / rest
+                qa, qb = 3 * c * u, u * (2 * b + 3 * c * u)
+                qc = u * (a + b * u + c * u * u)
+                rest = lam - u * a
+                r = q * u * s_finite / rest
             else:
-                qa, qb, qc = np.zeros(len(self)), 2 * self.c * u, u * (self.b + self.c * u)
-                rest = np.full(len(self), lam)
-                r = self.q * u / rest
-            out = np.full(len(self), -np.inf)
+                qa, qb, qc = np.zeros(n), 2 * c * u, u * (b + c * u)
+                rest = np.broadcast_to(np.asarray(lam, dtype=np.float64), (n,))
+                r = q * u / rest
+            out = np.full(n, -np.inf)
             if self.has_poly or not self.has_queue:
                 qc = qc - lam
                 denom = qb + np.sqrt(qb * qb - 4 * qa * qc)
                 out = np.where(denom > 0, -2 * qc / denom, np.where(qc <= 0, np.inf, -np.inf))
             if self.has_queue:
-                queue = np.where(rest > 0, self.s_finite - (u + np.sqrt(u * u + 4 * r)) / 2, -np.inf)
-                out = np.where(self.q > 0, queue, out) if self.has_poly else queue
+                queue = np.where(rest > 0, s_finite - (u + np.sqrt(u * u + 4 * r)) / 2, -np.inf)
+                out = np.where(q > 0, queue, out) if self.has_poly else queue
         return np.where(np.isnan(out), -np.inf, out)
 
     def _analytic_all(self, w: FloatArray) -> FloatArray:

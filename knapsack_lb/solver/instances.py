@@ -86,6 +86,12 @@ def table3_pool(
     kind: str = "queueing",
 ) -> list[DipInput]:
     """A seeded heterogeneous pool of ``n`` DIPs like Table 3 at 70-80% load."""
+    mus = table3_capacities(n, rng, variation=variation)
+    return pool_from_capacities(mus, float(rng.uniform(*load)), kind=kind)
+
+
+def table3_capacities(n: int, rng: np.random.Generator, *, variation: float = 0.15) -> np.ndarray:
+    """Capacities (requests/s) of ``n`` DIPs in Table 3's 16:8:4:2 mix, varied and shuffled (seeded)."""
     counts = table3_counts(n)
     capacities = []
     for vcpus, count in zip(TABLE3_VCPUS, counts, strict=True):
@@ -94,7 +100,7 @@ def table3_pool(
         capacities.append(CORE_RATE * vcpus * speed * noise)
     mus = np.concatenate(capacities)
     order = rng.permutation(n)
-    return pool_from_capacities(mus[order], float(rng.uniform(*load)), kind=kind)
+    return mus[order]
 
 
 def identical_pool(n: int, *, load: float = 0.80, vcpus: int = 8, kind: str = "queueing") -> list[DipInput]:

@@ -31,13 +31,29 @@ plain timers and ordinary scheduling, because there latency does not matter and 
 busy-waiting DIPs would take a CPU from a 2-core machine.
 
 Every run is bounded: ``seconds`` per service time, then everything is stopped.
+
+``run_probe_sizing`` (``klb bench probes --sizing``) answers the sizing question of section
+6.7 (the paper's KLM sends 100 requests per DIP every 5 s, 4,500 requests/s on one core, so
+225 DIPs per KLM): how many DIPs can one probe worker process serve at that cadence? It runs
+one worker against ``n`` emulated DIPs for a few rounds of the paper's cadence, for ``n``
+doubling from ``start_dips`` and then bisected between the last ``n`` that kept the cadence
+and the first that did not, bounded by ``max_dips`` and ``max_seconds``. A step *keeps the
+cadence* when every round started one interval after the previous one (within
+``CADENCE_TOLERANCE``), every DIP got all its requests answered in every round, and the
+slowest round ended before the next was due. The emulators and Redis run on the same
+machine as the worker, so on a small machine the answer is the machine's, not the worker's
+alone: each step also reports the worker's CPU share and requests per CPU-second, and
+``projected_dips_per_worker_core`` scales that to a worker with a whole core to itself
+(labelled as a projection).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -49,19 +65,39 @@ from typing import Any
 from knapsack_lb.lab.procs import ManagedProcess, RedisServer, free_port, wait_for_port
 from knapsack_lb.lab.testbed.neighbours import NoisyNeighbours
 from knapsack_lb.lab.testbed.queueing import PUNCTUAL_SPIN_LIMIT
-from knapsack_lb.model import DipConfig, ProbeSpec, VipConfig
+from knapsack_lb.model import DipConfig, Measurement, ProbeSpec, VipConfig
 from knapsack_lb.store.redis import RedisLatencyStore
 from probes.worker import ProbeWorker, ProbeWorkerOptions
 
 DIPS_PER_EMULATOR_PROCESS = 10
+SIZING_DIPS_PER_EMULATOR_PROCESS = 50  # a sizing step starts up to max_dips DIPs: fewer, fuller processes
+CADENCE_TOLERANCE = 0.5  # seconds a round may start late (relative to the previous one) and still be on cadence
+PAPER_KLM_REQUESTS_PER_SECOND = 4500  # section 6.7: one KLM on one core (DS1 v2)
+PAPER_KLM_DIPS = 225  # section 6.7: DIPs per KLM at 100 requests per 5 s
 INSTRUMENT_REALTIME_PRIORITY = 10  # SCHED_FIFO priority of the accuracy phases' emulators: above every ordinary task
 
 
 def _start_emulators(count: int, service_time: float, workdir: Path, per_process: int = DIPS_PER_EMULATOR_PROCESS,
                      spin_limit: float | None = None,
                      realtime_priority: int | None = None) -> tuple[list[ManagedProcess], list[int]]:
-    ports = [free_port() for _ in range(count)]
-    procs = []
+    ports: list[int] = []
+    while len(ports) < count:  # the kernel may hand out a just-freed port again: hundreds of draws collide
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    procs: list[ManagedProcess] = []
+    try:
+        _launch_emulators(procs, ports, service_time, workdir, per_process, spin_limit, realtime_priority)
+    except BaseException:
+        for proc in procs:
+            proc.stop()
+        raise
+    return procs, ports
+
+
+def _launch_emulators(procs: list[ManagedProcess], ports: list[int], service_time: float, workdir: Path,
+                      per_process: int, spin_limit: float | None, realtime_priority: int | None) -> None:
+    count = len(ports)
     for first in range(0, count, per_process):
         chunk = ports[first : first + per_process]
         argv = [sys.executable, "-m", "knapsack_lb.lab.testbed.emulator", "--name", f"dip{first}", "--mode", "fcfs",
@@ -74,8 +110,7 @@ def _start_emulators(count: int, service_time: float, workdir: Path, per_process
             argv += ["--port", str(port)]
         procs.append(ManagedProcess(argv, log_path=workdir / f"emulator-{first}.log").start())
     for port in ports:
-        wait_for_port("127.0.0.1", port)
-    return procs, ports
+        wait_for_port("127.0.0.1", port, timeout=30.0)
 
 
 def _emulator_stats(port: int) -> dict[str, Any]:
@@ -206,4 +241,166 @@ def run_probe_benchmark(dips: int = 20, seconds: float = 10.0, requests_per_roun
                 "Redis and the emulated DIPs run in other processes on loopback; probe latencies end at the "
                 "kernel's receive timestamp (latency_error_userspace_pct: ended when the worker read them); the "
                 "accuracy phases' emulators run under SCHED_FIFO when allowed (emulator_realtime)",
+    }
+
+
+class _RoundTimedWorker(ProbeWorker):
+    """A probe worker that also records how long each of its rounds took (the sizing benchmark's instrument)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.round_seconds: list[float] = []
+
+    async def probe_round(self, vip: str) -> list[Measurement]:
+        started = time.perf_counter()
+        try:
+            return await super().probe_round(vip)
+        finally:
+            self.round_seconds.append(time.perf_counter() - started)
+
+
+async def _sizing_step(url: str, namespace: str, ports: Sequence[int], interval: float, requests_per_round: int,
+                       rounds: int, max_concurrency: int) -> dict[str, Any]:
+    """One worker against ``ports`` for about ``rounds`` rounds at the given cadence; did it keep it?"""
+    config = VipConfig(
+        name="sizing",
+        dips=tuple(DipConfig(name=f"d{i}", address=f"127.0.0.1:{p}") for i, p in enumerate(ports)),
+        probe=ProbeSpec(path="/probe", interval=interval, requests_per_round=requests_per_round, timeout=1.0),
+    )
+    store = RedisLatencyStore.from_url(url, namespace=namespace)
+    try:
+        await store.put_vip(config)
+        worker = _RoundTimedWorker(store, ProbeWorkerOptions(worker_id="sizing", vips=("sizing",),
+                                                             max_concurrency=max_concurrency))
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        # the first round waits for the next multiple of the interval (rounds align across workers)
+        stats = await worker.run(duration=(rounds + 1) * interval + 0.5)
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        measured = await store.measurements("sizing")
+    finally:
+        await store.close()
+    by_round: dict[float, list[Measurement]] = {}
+    for m in measured:
+        by_round.setdefault(m.time, []).append(m)
+    starts = sorted(by_round)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    drift = max((abs(g - interval) for g in gaps), default=0.0)
+    short = sum(1 for ms in by_round.values() for m in ms if m.sent < requests_per_round)
+    failed = sum(1 for ms in by_round.values() for m in ms if m.successes < m.sent)
+    missing = sum(len(ports) - len(ms) for ms in by_round.values())
+    longest = max(worker.round_seconds, default=math.nan)
+    answered = sum(m.successes for m in measured)
+    probe_mean = (math.fsum(m.latency_mean * m.successes for m in measured if m.latency_mean is not None) / answered
+                  if answered else math.nan)
+    reasons = []
+    if len(starts) < rounds:
+        reasons.append(f"{len(starts)} rounds ran, {rounds} wanted")
+    if drift > CADENCE_TOLERANCE:
+        reasons.append(f"a round started {drift:.2f} s off the {interval:g} s cadence")
+    if short or missing:
+        reasons.append(f"{short + missing} DIP-rounds did not send all {requests_per_round} requests")
+    if failed:
+        reasons.append(f"{failed} DIP-rounds had failed requests")
+    if not longest < interval:
+        reasons.append(f"the slowest round took {longest:.2f} s, the interval is {interval:g} s")
+    return {
+        "dips": len(ports),
+        "kept_cadence": not reasons,
+        "why_not": "; ".join(reasons) or None,
+        "rounds": len(starts),
+        "longest_round_seconds": round(longest, 3),
+        "largest_start_drift_seconds": round(drift, 3),
+        "probe_mean_latency_ms": round(probe_mean * 1000, 3),
+        "requests": stats.requests,
+        "failures": stats.failures,
+        "worker_cpu_seconds": round(cpu, 3),
+        "wall_seconds": round(wall, 3),
+        "worker_cpu_share": round(cpu / wall, 3) if wall > 0 else None,
+        "probe_requests_per_cpu_second": round(stats.requests / cpu, 1) if cpu > 0 else None,
+    }
+
+
+def next_sizing_step(n: int, good: int | None, bad: int | None, max_dips: int, refinements_left: int) -> int | None:
+    """The DIP count of the sizing's next step, or None to stop.
+
+    Doubling (capped at ``max_dips``) while no step has failed; then bisection between the
+    largest count that kept the cadence (``good``) and the smallest that did not (``bad``), at
+    most ``refinements_left`` more times and never below a gap of one DIP.
+    """
+    if bad is None:
+        return min(2 * n, max_dips) if n < max_dips else None
+    if good is None or bad - good <= 1 or refinements_left <= 0:
+        return None
+    return (good + bad) // 2
+
+
+def run_probe_sizing(start_dips: int = 25, max_dips: int = 800, interval: float = 5.0,
+                     requests_per_round: int = 100, rounds: int = 3, service_time: float = 0.002,
+                     max_seconds: float = 600.0, refine: int = 2, max_concurrency: int = 256,
+                     on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
+    """How many DIPs one worker serves at ``requests_per_round`` per ``interval`` (module docstring).
+
+    Doubles ``n`` from ``start_dips`` while every step keeps the cadence (at most ``max_dips``),
+    then bisects ``refine`` times between the last good and the first bad ``n``. No step starts
+    once ``max_seconds`` have passed. ``max_concurrency`` is the worker's (``ProbeWorkerOptions``;
+    256 by default): DIPs beyond it wait for a free slot, so a round of more DIPs than that takes
+    at least two DIP-rounds' time. ``on_step(n, elapsed)`` is called as each step starts.
+    """
+    if not 1 <= start_dips <= max_dips <= 5000:
+        raise ValueError(f"need 1 <= --start-dips <= --max-dips <= 5000, got {start_dips} and {max_dips}")
+    if not 0.5 <= interval <= 60 or not 1 <= rounds <= 20 or not 1 <= requests_per_round <= 10_000:
+        raise ValueError("need --interval in 0.5-60 s, --rounds in 1-20, --requests-per-round in 1-10000")
+    if not 10 <= max_seconds <= 3600:
+        raise ValueError(f"--max-seconds must be in 10-3600, got {max_seconds}")
+    began = time.perf_counter()
+    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    steps: list[dict[str, Any]] = []
+    good: int | None = None
+    bad: int | None = None
+    with tempfile.TemporaryDirectory(prefix="klb-bench-sizing-") as tmp, RedisServer(Path(tmp) / "redis") as redis:
+        workdir = Path(tmp)
+        n: int | None = start_dips
+        refined = 0
+        while n is not None and time.perf_counter() - began < max_seconds:
+            if on_step:
+                on_step(n, time.perf_counter() - began)
+            procs, ports = _start_emulators(n, service_time, workdir, per_process=SIZING_DIPS_PER_EMULATOR_PROCESS,
+                                            spin_limit=0.0)
+            try:
+                step = asyncio.run(_sizing_step(redis.url, f"sizing{len(steps)}", ports, interval,
+                                                requests_per_round, rounds, max_concurrency))
+            finally:
+                for proc in procs:
+                    proc.stop()
+            steps.append(step)
+            if step["kept_cadence"]:
+                good = max(good or 0, n)
+            else:
+                bad = n if bad is None else min(bad, n)
+            n = next_sizing_step(n, good, bad, max_dips, refine - refined)
+            refined += bad is not None and n is not None
+    best = next((s for s in steps if s["dips"] == good), None)
+    per_core = None
+    if best is not None and best["probe_requests_per_cpu_second"]:
+        per_core = int(best["probe_requests_per_cpu_second"] * interval / requests_per_round)
+    return {
+        "benchmark": "probes-sizing",
+        "cadence": {"requests_per_round": requests_per_round, "interval_seconds": interval,
+                    "requests_per_second_per_dip": requests_per_round / interval, "rounds_per_step": rounds},
+        "service_time": service_time,
+        "worker_max_concurrency": max_concurrency,
+        "dips_per_worker": good,
+        "first_dips_not_kept": bad,
+        "bounded_by_max_dips": bad is None and good == max_dips,
+        "projected_dips_per_worker_core": per_core,
+        "paper_klm": {"requests_per_second_per_core": PAPER_KLM_REQUESTS_PER_SECOND, "dips_per_klm": PAPER_KLM_DIPS,
+                      "what": "KnapsackLB paper, section 6.7: one KLM on a 1-core DS1 v2 VM"},
+        "machine": {"cpus": os.cpu_count(), "load_average_before": load_before},
+        "seconds": round(time.perf_counter() - began, 1),
+        "steps": steps,
+        "note": "one probe worker (asyncio, one process) in the benchmark process; emulated DIPs "
+                f"({SIZING_DIPS_PER_EMULATOR_PROCESS} per process) and Redis in child processes on the same "
+                "machine, loopback only; dips_per_worker is the largest step that kept the cadence here; "
+                "projected_dips_per_worker_core = that step's probe requests per worker CPU-second x interval / "
+                "requests per round, i.e. a worker with a whole core to itself (a projection, not a measurement)",
     }

@@ -58,3 +58,20 @@ def test_bench_solver_prints_one_row_per_method() -> None:
     exact, ilp = rows
     assert exact["gap"] == 0.0 and exact["optimal_objective"] == exact["objective"]
     assert ilp["objective"] >= exact["objective"]
+
+
+def test_bench_solver_fleet_reports_times_beside_the_papers_and_identical_plans() -> None:
+    result = CliRunner().invoke(app, ["bench", "solver", "--fleet", "--fleet-scale", "0.01", "--seed", "2"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["fleet"]["vips"] == 35 and data["fleet"]["dips"] == 1900 and data["fleet"]["kind"] == "quadratic"
+    for mode in ("batched", "per_vip"):
+        assert {"wall_seconds", "cpu_seconds", "vips_per_second"} <= set(data[mode])
+    assert {"median_ms", "p99_ms"} <= set(data["per_vip"])
+    assert data["batched"]["batched_vips"] == 35 and data["plans_differing_from_batched"] == 0
+    assert data["paper"]["seconds_on_8_core_vm"] == 851.0 and "8-core VM" in data["paper"]["what"]
+
+
+def test_bench_solver_without_dips_or_fleet_is_refused() -> None:
+    result = CliRunner().invoke(app, ["bench", "solver"])
+    assert result.exit_code == 2 and "--dips is required" in result.stderr
