@@ -165,6 +165,7 @@ def test_the_readme_and_docs_state_the_defaults_the_reference_has() -> None:
                 continue
             claims += 1
             if _number(match["value"]) not in known:
-                wrong.append(f"{page.name}: `{match['path']}` default {match['value']} (the code: {sorted(map(str, known))})")
+                code = sorted(map(str, known))
+                wrong.append(f"{page.name}: `{match['path']}` default {match['value']} (the code: {code})")
     assert wrong == []
     assert claims >= 3  # the check sees the pages' claims (docs/operations.md names several)
