@@ -26,8 +26,9 @@ curve is learned:
   flat latency is known: about 10 % for a 16-server knee at a 10 % standard error), and a DIP that
   is seen rising gets a curve that says where its knee is.
 * **Overload is a hard bound.** A round with failed probes (more than ``drop_failure_share``) or a
-  latency of ``drop_latency_factor`` times the DIP's unloaded latency (the paper's "drop") proves
-  the DIP cannot carry that weight: its cap falls to half of it, or to the largest weight it
+  latency of ``drop_latency_factor`` times the DIP's unloaded latency (the paper's "drop"; the
+  unloaded latency from pooled rounds, as the lowest single round of a few probes is biased low)
+  proves the DIP cannot carry that weight: its cap falls to half of it, or to the largest weight it
   carried cleanly below it (multiplicative decrease).
 * **Changes forget the past.** A clean round that disagrees with the fitted curve by more than
   ``z`` combined standard errors and ``capacity_change_threshold`` (the paper's 20 %) drops the
@@ -206,7 +207,8 @@ def estimate(
     pool: what a DIP seen only nearly idle may take next), never above a weight that overloaded it."""
     if not rounds:
         return None
-    lowest = min((r.mean for r in rounds if r.n > 0 and math.isfinite(r.mean)), default=math.inf)
+    # the unloaded latency from pooled rounds: the lowest single round of a few probes is biased low
+    lowest = min((b.mean for b in by_weight(rounds, tolerance)), default=math.inf)
     unloaded = min(prior, lowest) if prior is not None else (lowest if math.isfinite(lowest) else None)
     drops = [r for r in rounds if is_overload(r, unloaded, drop_factor, failure_share)]
     overloaded = rounds[-1] in drops

@@ -117,6 +117,18 @@ def test_an_overload_backs_off_from_the_weight_that_caused_it() -> None:
     assert only is not None and only.cap == pytest.approx(BACKOFF * 0.3)
 
 
+def test_the_drop_level_comes_from_pooled_rounds_not_the_luckiest_one() -> None:
+    """Three five-probe rounds at one light weight average 10 ms, the luckiest 4 ms: a round at
+    45 ms is 4.5x the unloaded latency (no drop), not 11x the luckiest round."""
+    light = [_round(t, 0.1, mean, n=5, cv=1 / math.sqrt(5)) for t, mean in ((0, 0.004), (5, 0.012), (10, 0.014))]
+    loaded = _round(15, 0.3, 0.045, n=5, cv=1 / math.sqrt(5))
+    est = estimate([*light, loaded], None, **KW, floor=0.5)
+    assert est is not None and not est.overloaded
+    slow = _round(15, 0.3, 0.060, n=5, cv=1 / math.sqrt(5))
+    est = estimate([*light, slow], None, **KW, floor=0.5)
+    assert est is not None and est.overloaded and est.cap <= 0.15
+
+
 def test_a_change_needs_confirmed_disagreement_beyond_noise() -> None:
     curve = UtilisationCurve(0.010, 0.5, 1.0)
     at = curve.latency(0.25)
