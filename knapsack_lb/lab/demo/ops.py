@@ -502,7 +502,7 @@ def plot_ops(records: list[StepRecord], trace: list[tuple[float, float, int]], p
     ax.set_xlabel("seconds since the tour began")
     ax.set_ylabel("client latency (ms)")
     ax.set_title("knapsack-lb day-2 operations under load (HAProxy mode http, 120 req/s)")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="lower left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
