@@ -17,7 +17,11 @@ already has (KnapsackLB paper, sections 3.2 and 6.5). An adapter:
 * ``read()`` returns the weights the LB really uses now (as fractions summing to 1 over
   the DIPs it knows), so the controller can verify and re-apply on a mismatch;
 * ``check()`` tells whether the LB is reachable and configured as expected, changing
-  nothing.
+  nothing;
+* optionally ``traffic()`` returns what the LB counted per DIP so far
+  (:class:`~knapsack_lb.model.Traffic`, ``None`` when it cannot be read): the controller takes each
+  DIP's real share of the traffic between two reads (at layer 4 the weights move new connections
+  only, and the share a DIP carries lags them).
 
 Adapters are registered under the entry-point group ``knapsack_lb.adapters``; a third
 party adds one with its own distribution, no change to this repository.

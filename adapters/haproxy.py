@@ -53,7 +53,7 @@ from pydantic import BeforeValidator, ConfigDict, Field
 
 from adapters.base import AdapterSettings, ApplyResult, CheckResult, parse_settings
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
-from knapsack_lb.model import WeightPlan
+from knapsack_lb.model import Traffic, WeightPlan
 from knapsack_lb.names import (
     AbsolutePath,
     Name,
@@ -126,6 +126,17 @@ def parse_backup_servers(text: str, backend: str) -> frozenset[str]:
     only when every active server is down, so their weights are not part of the split."""
     return frozenset(row["svname"] for row in _stat_rows(text, backend)
                      if row.get("svname") not in ("BACKEND", "FRONTEND") and row.get("bck") == "1")
+
+
+def parse_server_traffic(text: str, backend: str) -> tuple[str, dict[str, float]]:
+    """What ``backend``'s active servers served so far, from ``show stat`` CSV: HTTP requests
+    (``req_tot``) in ``mode http``; at layer 4, where HAProxy sees no requests, bytes sent back to
+    clients (``bout``), which grow with the responses served. Returns (kind, server -> counter)."""
+    rows = [row for row in _stat_rows(text, backend)
+            if row.get("svname") not in ("BACKEND", "FRONTEND") and row.get("bck") != "1"]
+    if rows and all(row.get("req_tot", "").isdigit() for row in rows):
+        return "requests", {row["svname"]: float(row["req_tot"]) for row in rows}
+    return "bytes", {row["svname"]: float(row["bout"]) for row in rows if row.get("bout", "").isdigit()}
 
 
 class RuntimeApi:
@@ -300,6 +311,17 @@ class HAProxyAdapter:
             return {}
         total = sum(weights.values())
         return {self.dip_of(s): (w / total if total else 0.0) for s, w in weights.items()}
+
+    def traffic(self) -> Traffic | None:
+        """What each DIP's server served so far (:func:`parse_server_traffic`), ``None`` when HAProxy
+        cannot be read: the controller takes each DIP's share of the traffic between two reads."""
+        try:
+            with RuntimeApi.connect(self.socket_endpoint, self.timeout) as api:
+                kind, counters = parse_server_traffic(api.command(f"show stat {self.backend} 4 -1"), self.backend)
+        except HAProxyError as exc:
+            self.last_error = str(exc)
+            return None
+        return Traffic(kind, {self.dip_of(server): count for server, count in counters.items()})
 
     def read_integers(self) -> dict[str, int]:
         """Runtime integer weights by DIP name (raises :class:`HAProxyError`)."""

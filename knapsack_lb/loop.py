@@ -18,6 +18,11 @@ One :meth:`ControlLoop.tick`:
    reports: the controller learns only the split the LB confirmed (:meth:`VipController.confirm`,
    with the time it was confirmed, which starts the drain clock), a refused plan is recorded as
    refused (:meth:`VipController.refuse`) and the last confirmed weights stay in force;
+   Where the sink counts traffic (``Sink.traffic``, e.g. HAProxy's ``show stat``), each round
+   taken since the last tick is stamped with its DIP's real share of the VIP's traffic over that
+   time (:class:`ShareMeter`): at layer 4 the weights move new connections only, so the share a DIP
+   carries lags its weight by the connections' lifetimes, and the learner places each round at the
+   share it really carried;
 4. with no plan to push, read the LB back and re-apply the confirmed plan when the LB carries
    something else (an operator edited it, a reload lost runtime weights);
 5. persist the plan, the curves, the state and the confirmed split (:class:`StateSink`).
@@ -31,13 +36,14 @@ VIP on its next tick); a sink that cannot be read is not a drift.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 from knapsack_lb.controller.core import VipController
 from knapsack_lb.errors import KnapsackLBError, short_repr
-from knapsack_lb.model import ApplyResult, Measurement, VipConfig, WeightPlan
+from knapsack_lb.model import ApplyResult, Measurement, Traffic, VipConfig, WeightPlan
 from knapsack_lb.quantise import quantiser
 from knapsack_lb.store import InForce, LatencyStore
 
@@ -98,6 +104,37 @@ class Sink(Protocol):
 
     async def read(self) -> Mapping[str, float] | None: ...
 
+    # optional: ``async def traffic(self) -> Traffic | None`` - what the LB counted per DIP so far
+
+
+@dataclass
+class ShareMeter:
+    """Each DIP's share of the VIP's traffic between two reads of the LB's counters."""
+
+    last: Traffic | None = None
+    last_at: float = -math.inf
+
+    def update(self, traffic: Traffic | None, now: float) -> tuple[dict[str, float], float] | None:
+        """The shares since the previous read and when that read was, or ``None`` when they are not
+        known: no previous read of the same kind, nothing counted, or a counter that went down (the
+        LB restarted its counting)."""
+        previous, since = self.last, self.last_at
+        self.last, self.last_at = traffic, now
+        if traffic is None or previous is None or previous.kind != traffic.kind:
+            return None
+        deltas = {n: c - previous.counters.get(n, 0.0) for n, c in traffic.counters.items()}
+        total = sum(deltas.values())
+        if total <= 0 or any(d < 0 for d in deltas.values()):
+            return None
+        return {n: d / total for n, d in deltas.items()}, since
+
+
+def with_shares(rounds: Mapping[str, Measurement], shares: Mapping[str, float], since: float,
+                ) -> dict[str, Measurement]:
+    """``rounds`` taken after ``since`` stamped with their DIP's share (unless the prober already did)."""
+    return {n: replace(m, share=min(1.0, max(0.0, shares[n])))
+            if m.share is None and n in shares and m.time > since else m for n, m in rounds.items()}
+
 
 class StateSink(Protocol):
     """Where the loop persists what it decided (the latency store; the lab may keep nothing)."""
@@ -144,6 +181,7 @@ class ControlLoop:
     _started: bool = False
     _failing: int = 0  # applies refused in a row
     apply_error: str = ""  # why the last apply failed ("" once one succeeds), kept with the state
+    _shares: ShareMeter = field(default_factory=ShareMeter)
 
     @property
     def vip(self) -> str:
@@ -172,6 +210,8 @@ class ControlLoop:
             outcome.skipped = "paused"
             return outcome
         rounds = {} if config.dry_run else observation.rounds
+        if rounds and sink is not None:
+            rounds = await self._stamp_shares(sink, rounds, now)
         outcome.plan = ctl.step(now, rounds, config=config, remeasure=observation.remeasure)
         if outcome.plan is not None and self.state is not None:
             await self.state.put_plan(outcome.plan)
@@ -216,6 +256,14 @@ class ControlLoop:
         await self._push(sink, outcome)
         await self._persist()
         return outcome
+
+    async def _stamp_shares(self, sink: Sink, rounds: Mapping[str, Measurement], now: float,
+                            ) -> Mapping[str, Measurement]:
+        traffic = getattr(sink, "traffic", None)
+        if not callable(traffic):
+            return rounds
+        known = self._shares.update(await traffic(), now)
+        return rounds if known is None else with_shares(rounds, *known)
 
     async def _push(self, sink: Sink, outcome: TickOutcome) -> None:
         ctl = self.controller

@@ -136,6 +136,17 @@ class WeightPlan:
 
 
 @dataclass(frozen=True)
+class Traffic:
+    """What a load balancer counted per DIP so far: cumulative ``counters`` of one ``kind``
+    (``requests`` where the LB sees requests, ``bytes`` sent back to clients at layer 4, where it does
+    not). Only differences between two reads of the same kind mean anything; a counter that went
+    down says the LB restarted its counting (a reload)."""
+
+    kind: str
+    counters: Mapping[str, float]
+
+
+@dataclass(frozen=True)
 class ApplyResult:
     """What pushing a plan into a load balancer did (an adapter, or a simulated LB). ``ok`` False
     means nothing changed on the LB and ``reason`` says why; ``lb_weights`` are the integers the

@@ -58,7 +58,7 @@ from knapsack_lb.controller.core import SolverFn, VipController
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.errors import KnapsackLBError, StalePlanError, StoreUnavailableError, short_repr
 from knapsack_lb.loop import APPLY_ERROR, APPLY_FAILURES, APPLY_WARNINGS, ControlLoop, Sink, StoreSource, TickOutcome
-from knapsack_lb.model import ApplyResult, VipConfig, WeightPlan
+from knapsack_lb.model import ApplyResult, Traffic, VipConfig, WeightPlan
 from knapsack_lb.names import validate_name
 from knapsack_lb.service.adapters import AdapterFactory, AdapterPool, adapter_factory
 from knapsack_lb.store import CONTROLLER_LEASES, CONTROLLER_STATUS, LatencyStore
@@ -87,6 +87,11 @@ class AdapterSink:
     async def read(self) -> Mapping[str, float] | None:
         carried = await asyncio.to_thread(self.adapter.read)
         return carried or None
+
+    async def traffic(self) -> Traffic | None:
+        """What the LB counted per DIP, when its adapter can say (``traffic()`` is optional)."""
+        counters = getattr(self.adapter, "traffic", None)
+        return await asyncio.to_thread(counters) if callable(counters) else None
 
 
 def no_load_balancers(vip: VipConfig) -> Adapter:

@@ -83,6 +83,32 @@ def test_a_server_no_dip_of_the_plan_maps_to_is_set_to_zero_and_reported(haproxy
     assert again.ok and not again.warnings  # already at 0: nothing to report
 
 
+def test_traffic_counts_what_each_server_served(haproxy: HAProxyTestbed, backends: dict[str, str],
+                                               tmp_path: Path) -> None:
+    adapter = _adapter(haproxy)
+    assert adapter.apply(WeightPlan(vip="web", weights=TARGET)).ok
+    before = adapter.traffic()
+    assert before is not None and before.kind == "requests"  # mode http: HAProxy counts requests
+    lb_harness.measure_split(haproxy, 1200)
+    after = adapter.traffic()
+    assert after is not None and set(after.counters) == set(NAMES)
+    served = {n: after.counters[n] - before.counters[n] for n in NAMES}
+    assert sum(served.values()) == 1200
+    assert lb_harness.split_error({n: int(v) for n, v in served.items()}, TARGET) <= 0.03, served
+    with HAProxyTestbed(backends, tmp_path / "tcp", mode="tcp", keep_alive=False) as tcp:  # a connection each
+        reader = _adapter(tcp)
+        assert reader.apply(WeightPlan(vip="web", weights=TARGET)).ok
+        first = reader.traffic()
+        lb_harness.measure_split(tcp, 600)
+        then = reader.traffic()
+        assert first is not None and then is not None and then.kind == "bytes"  # layer 4: bytes sent back
+        grown = {n: then.counters[n] - first.counters[n] for n in NAMES}
+        shares = {n: v / sum(grown.values()) for n, v in grown.items()}
+        assert lb_harness.split_error({n: round(600 * v) for n, v in shares.items()}, TARGET) <= 0.05, shares
+    gone = make_adapter("haproxy", {**haproxy.adapter_settings, "socket": str(tmp_path / "nowhere.sock")})
+    assert gone.traffic() is None  # type: ignore[attr-defined]
+
+
 def test_weight_zero_takes_a_server_out_of_rotation(haproxy: HAProxyTestbed) -> None:
     adapter = _adapter(haproxy)
     assert adapter.apply(WeightPlan(vip="web", weights={"b1": 0.0, "b2": 0.5, "b3": 0.5})).ok

@@ -11,8 +11,17 @@ import pytest
 from knapsack_lb.controller.core import VipController, is_solved
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.lab.fluid import FluidLab, FluidModel, vip_config
-from knapsack_lb.loop import ControlLoop, ExactSink, FunctionSource, QuantisingSink, fixed, run_now, split_distance
-from knapsack_lb.model import Measurement, VipConfig
+from knapsack_lb.loop import (
+    ControlLoop,
+    ExactSink,
+    FunctionSource,
+    QuantisingSink,
+    ShareMeter,
+    fixed,
+    run_now,
+    split_distance,
+)
+from knapsack_lb.model import Measurement, Traffic, VipConfig
 from knapsack_lb.quantise import QUANTISERS
 from knapsack_lb.store.memory import MemoryLatencyStore
 from tests.unit.controller.loop import ALGORITHM1, FAST, small_pool
@@ -280,3 +289,35 @@ async def test_applies_failures_and_recovery_are_logged_with_their_reasons(caplo
     assert len(back) == 1 and back[0].after_failures == 2  # type: ignore[attr-defined]
     plans = await loop.state.plan_history("vip", limit=100)  # type: ignore[union-attr]
     assert plans and all(p.reasons for p in plans)
+
+
+def test_the_share_meter_takes_differences_and_refuses_resets_and_kind_changes() -> None:
+    meter = ShareMeter()
+    assert meter.update(Traffic("requests", {"a": 10, "b": 10}), 5.0) is None  # nothing to compare with yet
+    known = meter.update(Traffic("requests", {"a": 40, "b": 20}), 10.0)
+    assert known is not None and known[0] == pytest.approx({"a": 0.75, "b": 0.25}) and known[1] == 5.0
+    assert meter.update(Traffic("requests", {"a": 5, "b": 30}), 15.0) is None  # a went down: the LB reloaded
+    assert meter.update(Traffic("bytes", {"a": 900, "b": 100}), 20.0) is None  # another kind of counter
+    assert meter.update(Traffic("bytes", {"a": 900, "b": 100}), 25.0) is None  # nothing served
+    assert meter.update(None, 30.0) is None
+
+
+async def test_rounds_are_placed_at_the_share_the_lb_counted() -> None:
+    """At layer 4 a DIP's share lags its weight: the learner takes each round at the share the
+    LB's counters say the DIP carried since the last tick, not at its weight."""
+    lab, loop, sink = _lab_loop()
+    served = {n: 0.0 for n in lab.model.names}
+    counted: list[dict[str, float]] = []
+
+    async def traffic() -> Traffic:
+        for n in served:  # the DIPs carried an equal split whatever the weights said
+            served[n] += 100.0
+        counted.append(dict(served))
+        return Traffic("requests", dict(served))
+
+    sink.traffic = traffic  # type: ignore[union-attr]
+    await _tick(lab, loop, 4)
+    evidence = loop.controller.dips["a"].evidence
+    assert len(counted) >= 3 and evidence
+    assert evidence[-1].weight == pytest.approx(0.25)  # the counted share, not the planned weight
+    assert loop.controller.in_force["a"] != pytest.approx(0.25)
