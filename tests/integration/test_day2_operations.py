@@ -161,21 +161,18 @@ async def test_stopping_mid_learning_leaves_a_safe_plan(store: RedisLatencyStore
     (("a", "b", "c", "d", "e"), "DIP(s) ['e'] map to no server"),
     (None, "selects no load balancer"),
 ])
-async def test_klb_check_refuses_a_mapping_that_does_not_match_haproxy(
-        redis_server: RedisServer, backends: dict[str, str], tmp_path: Path, dips: tuple[str, ...] | None,
-        problem: str) -> None:
+async def test_klb_check_refuses_a_mapping_that_does_not_match_the_lb(
+        redis_server: RedisServer, lb: Any, dips: tuple[str, ...] | None, problem: str) -> None:
     from knapsack_lb.cli.service_commands import run_checks
     from knapsack_lb.config import parse_config
-    from knapsack_lb.lab.testbed.lb_haproxy import HAProxyTestbed
 
-    with HAProxyTestbed(backends, tmp_path / "haproxy") as haproxy:
-        addresses = {**backends, "e": backends["a"]}
-        vip: dict[str, Any] = {"name": "web", "dips": [{"name": n, "address": addresses[n]} for n in dips or NAMES]}
-        if dips is not None:
-            vip["adapter"] = {"lb": "hx"}
-        config = parse_config({"redis": {"url": redis_server.url},
-                               "load_balancers": {"hx": {"adapter": "haproxy", "settings": haproxy.adapter_settings}},
-                               "vips": [vip]}, source="test")
-        items = await run_checks(config)
+    addresses = {**lb.backends, "e": lb.backends["a"]}
+    vip: dict[str, Any] = {"name": "web", "dips": [{"name": n, "address": addresses[n]} for n in dips or NAMES]}
+    if dips is not None:
+        vip["adapter"] = {"lb": "lb"}
+    config = parse_config({"redis": {"url": redis_server.url},
+                           "load_balancers": {"lb": {"adapter": lb.adapter_name, "settings": lb.adapter_settings}},
+                           "vips": [vip]}, source="test")
+    items = await run_checks(config)
     lb_item = next(i for i in items if i.what == "lb web")
     assert lb_item.ok == (not problem) and problem in lb_item.detail, lb_item

@@ -20,8 +20,8 @@ def test_the_day2_tour_hurts_no_live_traffic(tmp_path: Path, artifacts_dir: Path
     steps = {step["key"]: step for step in report["steps"]}
     failing = {k: s["check"] for k, s in steps.items() if s["passed"] is False}
     assert result.exit_code == 0 and report["passed"], (failing, result.output[-3000:])
-    assert list(steps) == ["baseline", "learn", "steady", "add", "drain", "undrain", "fail", "recover", "remove",
-                           "dry-run", "dry-run-off", "stop", "restart"]
+    assert list(steps) == ["baseline", "learn-stop", "learn", "steady", "add", "drain", "undrain", "fail", "recover",
+                           "remove", "dry-run", "dry-run-off", "stop", "restart"]
     for key, step in steps.items():  # zero failed requests outside the killed DIP's own
         assert key == "fail" or step["failed"] == 0, (key, step["check"])
     assert steps["learn"]["extra"]["solved_after"] is not None

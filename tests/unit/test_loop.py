@@ -110,6 +110,9 @@ async def test_a_refused_apply_keeps_the_last_confirmed_weights(lb: str | None) 
         assert ctl.in_force == confirmed and ctl.confirmed_version == version and ctl.applied_at == applied_at
         assert (await sink.read()) == pytest.approx(confirmed)
     assert refused >= 1 and loop.counters["apply_failures"] == refused
+    refusing_since = applied_at + 5.0
+    learned = [(n, e.weight) for n, d in ctl.dips.items() for e in d.evidence if e.time > refusing_since]
+    assert learned and all(w == pytest.approx(confirmed[n]) for n, w in learned)  # never at a refused plan's weight
     state = loop.state
     assert isinstance(state, MemoryLatencyStore)
     stored = await state.in_force("vip")

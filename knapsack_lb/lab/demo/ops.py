@@ -13,8 +13,10 @@ the client's requests, failures, mean and p99 latency, the load offered to each 
 through the adapter every 0.25 s). Its check says whether the step did what the operation promises:
 
 * ``baseline`` - HAProxy's own round robin, equal weights (klb not running);
-* ``learn`` - klb starts: the time to the first solved plan and until it settles, and what
-  learning costs (not a step to pass or fail, a number to know);
+* ``learn-stop`` - klb starts and is stopped a few intervals later, in the middle of learning:
+  HAProxy is left on the plan the stop names (``loop.on_stop``), never a measurement step;
+* ``learn`` - klb starts again, resuming from Redis: the time to the first solved plan and until
+  it settles, and what learning costs (not a step to pass or fail, a number to know);
 * ``steady`` - the learned plan;
 * ``add`` - the fifth DIP joins the VIP: no failed request, it never exceeds its capacity;
 * ``drain`` / ``undrain`` - the drained DIP is at weight 0 in HAProxy within one interval; it
@@ -55,9 +57,11 @@ from knapsack_lb.lab.demo.runner import run_loadgen
 from knapsack_lb.lab.demo.settings import DemoSettings
 from knapsack_lb.lab.demo.testbed import VIP, DemoTestbed
 from knapsack_lb.loop import split_distance
+from knapsack_lb.model import PlanMethod, WeightPlan
 from knapsack_lb.service.runner import ServiceRunner, api_component, controller_component, open_store, probe_component
 from knapsack_lb.store import LatencyStore
 
+STOP_AFTER_INTERVALS = 3  # klb is stopped this many controller intervals after it started, mid-learning
 RECOVERY_SECONDS = 6.0  # a restarted server needs a probe round to be seen answering before it ramps
 CHUNK_SECONDS = 10.0  # load-generator runs of a step that may end early (learning)
 SETTLED_CHANGE = 0.02  # learning has settled when no weight moves by this much for settle_seconds
@@ -169,7 +173,7 @@ class OpsTour:
     async def run(self) -> list[StepRecord]:
         s = self.settings
         demo = s.demo_settings()
-        budget = s.learn_max_seconds + 14 * (s.step_seconds + 10.0) + 120.0
+        budget = s.learn_max_seconds + 15 * (s.step_seconds + 10.0) + 120.0
         workdir = self.out_dir / "run"
         with DemoTestbed(demo, workdir, max_seconds=budget) as tb:
             await asyncio.to_thread(tb.switch, "roundrobin", "http")
@@ -210,6 +214,16 @@ class OpsTour:
             await asyncio.wait_for(service["task"], timeout=30.0)
 
         await self._step(tb, store, reader, "baseline", "HAProxy roundrobin, equal weights; klb not running", None)
+
+        async def start_then_stop() -> None:
+            await start()
+            await asyncio.sleep(STOP_AFTER_INTERVALS * interval)
+            await stop()
+
+        stopped_after = STOP_AFTER_INTERVALS * interval
+        record = await self._step(tb, store, reader, "learn-stop", f"klb starts and is stopped {stopped_after:g} s in",
+                                  start_then_stop)
+        self._judge_stop(record, await store.current_plan(VIP))
         await self._learn(tb, store, reader, start)
         await self._step(tb, store, reader, "steady", "the learned plan", None)
 
@@ -278,12 +292,7 @@ class OpsTour:
 
         record = await self._step(tb, store, reader, "stop", "stop klb (SIGTERM path)", stop)
         plan = await store.current_plan(VIP)
-        left = record.lb_shares[-1][1] if record.lb_shares else {}
-        distance = split_distance(left, plan.weights) if plan is not None else 1.0
-        safe = plan is not None and is_solved(plan) and distance < 0.01
-        self._judge(record, record.failed == 0 and safe,
-                    f"HAProxy left on plan v{plan.version if plan else '-'} ({plan.method if plan else '-'}, "
-                    f"{distance:.3f} from it); {record.failed} failed")
+        self._judge_stop(record, plan)
         version = plan.version if plan is not None else 0
 
         record = await self._step(tb, store, reader, "restart", "start klb again", start)
@@ -411,6 +420,18 @@ class OpsTour:
     @staticmethod
     def _judge(record: StepRecord, passed: bool, check: str) -> None:
         record.passed, record.check = bool(passed), check
+
+    @staticmethod
+    def _judge_stop(record: StepRecord, plan: WeightPlan | None) -> None:
+        """After a stop, HAProxy carries the plan the controller left (a solved plan, or a spread of
+        the traffic when nothing was solved yet: never a measurement step) and serves on."""
+        left = record.lb_shares[-1][1] if record.lb_shares else {}
+        distance = split_distance(left, plan.weights) if plan is not None else 1.0
+        safe = plan is not None and distance < 0.01 and (
+            is_solved(plan) or plan.method in (PlanMethod.EQUAL_SPLIT, PlanMethod.CAPACITY_PROPORTIONAL))
+        OpsTour._judge(record, record.failed == 0 and safe,
+                       f"HAProxy left on plan v{plan.version if plan else '-'} ({plan.method if plan else '-'}, "
+                       f"{distance:.3f} from it); {record.failed} failed")
 
     @staticmethod
     def _time_to_zero(record: StepRecord, name: str) -> float | None:
