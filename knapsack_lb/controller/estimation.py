@@ -43,11 +43,14 @@ are large and caps grow slowly: the learner is cautious, not fast, on such DIPs.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import norm as normal
+from scipy.stats import t as student_t
 
 from knapsack_lb.curves.base import LatencyCurve
 from knapsack_lb.curves.utilisation import UNBOUNDED, ShapeFit, UtilisationCurve, curve_from_fit, shape_fits
@@ -159,6 +162,19 @@ class Estimate:
                 f"cap={self.cap:.3f}{' overloaded' if self.overloaded else ''}")
 
 
+@functools.lru_cache(maxsize=1024)
+def critical(z: float, n: int) -> float:
+    """How many of a round's standard errors a decision at confidence ``z`` needs when the standard
+    error comes from the round's own ``n`` probes: Student's t quantile with ``n - 1`` degrees of
+    freedom at the normal probability of ``z`` (about 2.9 for ``z = 2`` and 5 probes, ``z`` itself for
+    large rounds). A few probes' spread is itself uncertain, and a z test on it fires on noise. A
+    round of fewer than two probes has no spread of its own (its spread is the assumed exponential
+    one), so ``z`` stands."""
+    if n < 2:
+        return z
+    return float(student_t.ppf(normal.cdf(z), n - 1))
+
+
 def is_overload(r: RoundEvidence, unloaded: float | None, drop_factor: float, failure_share: float) -> bool:
     """The paper's drop (section 4.3): failed probes, or latency at least ``drop_factor`` times unloaded."""
     if r.n == 0 or r.failed > failure_share:
@@ -245,9 +261,10 @@ def estimate(
 def changed(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z: float, threshold: float,
             failure_share: float, dispersion: float = 1.0, confirmations: int = 1) -> bool:
     """The newest ``confirmations`` rounds all disagree with ``curve`` the same way: each off by more
-    than ``z`` of its standard error (scaled by the fit's ``dispersion``) and by more than
-    ``threshold`` relative (the paper's 20 % capacity-change test, on a confidence bound instead of a
-    single round). A round with failed probes at a weight the curve calls safe disagrees upwards."""
+    than ``z`` of its standard error (Student's t for a round's few probes, :func:`critical`; scaled
+    by the fit's ``dispersion``) and by more than ``threshold`` relative (the paper's 20 %
+    capacity-change test, on a confidence bound instead of a single round). A round with failed
+    probes at a weight the curve calls safe disagrees upwards."""
     recent = list(rounds[-confirmations:])
     if len(recent) < confirmations:
         return False
@@ -260,7 +277,8 @@ def changed(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z: float, t
             signs.add(True)
             continue
         gap = r.mean - expected
-        if abs(gap) <= z * r.std / math.sqrt(r.n) * math.sqrt(dispersion) or abs(gap) <= threshold * expected:
+        noise = critical(z, r.n) * r.std / math.sqrt(r.n) * math.sqrt(dispersion)
+        if abs(gap) <= noise or abs(gap) <= threshold * expected:
             return False
         signs.add(gap > 0)
     return len(signs) == 1

@@ -14,6 +14,7 @@ from knapsack_lb.controller.estimation import (
     RoundEvidence,
     by_weight,
     changed,
+    critical,
     estimate,
     pool_prior,
     pooled,
@@ -140,6 +141,18 @@ def test_a_change_needs_confirmed_disagreement_beyond_noise() -> None:
     assert not changed(mixed, curve, z=Z, threshold=0.2, failure_share=0.01, confirmations=2)
     failing = [_round(0, 0.25, at, failed=0.5), _round(5, 0.25, at * 1.5)]
     assert changed(failing, curve, z=Z, threshold=0.2, failure_share=0.01, confirmations=2)
+
+
+def test_a_few_probes_need_students_t_not_z() -> None:
+    assert critical(2.0, 5) == pytest.approx(2.87, abs=0.01)  # t quantile, 4 degrees of freedom, p = 0.977
+    assert critical(2.0, 1000) == pytest.approx(2.0, abs=0.01)
+    assert critical(2.0, 1) == 2.0  # no spread of its own: the assumed exponential spread, z stands
+    curve = UtilisationCurve(0.010, 1.0, 1.0)
+    at = curve.latency(0.25)
+    # five probes 2.5 standard errors above the curve: beyond z = 2, not beyond t(4)
+    few = RoundEvidence(0.0, 0.25, at * 1.5, at * 0.5 / 2.5 * math.sqrt(5), 5, 0.0)
+    assert not changed([few], curve, z=Z, threshold=0.2, failure_share=0.01)
+    assert changed([few], curve, z=1.5, threshold=0.2, failure_share=0.01)  # t(4) at z = 1.5: 1.8
 
 
 def test_the_pool_prior_is_the_lower_quartile_of_the_lowest_latencies() -> None:
