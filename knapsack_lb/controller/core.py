@@ -267,8 +267,9 @@ class VipController:
     def probe_uncertainty(self, config: VipConfig, rate: float | None = None) -> list[DipUncertainty]:
         """What the controller knows of each DIP of ``config`` for the probe budget: its learning state,
         the relative standard error of its rounds at the weight it carries (pooled, scaled by the fit's
-        dispersion, at least the model's 1 %; unknown with no round there, and always with ``algorithm1``, which keeps no
-        per-round errors), the relative spread of one request in its newest round, its capacity."""
+        dispersion, at least the model's 1 %; unknown with no round there, and always with
+        ``algorithm1``, which keeps no per-round errors), the relative spread of one request in its
+        newest round, its capacity."""
         carried = self._carried()
         drained = set(config.drained)
         out = []
