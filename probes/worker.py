@@ -64,7 +64,7 @@ from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.model import Measurement, VipConfig
 from knapsack_lb.names import validate_name
 from knapsack_lb.rounds import RoundSamples, summarise
-from knapsack_lb.store import PROBE_STATUS, LatencyStore
+from knapsack_lb.store import PROBE_STATUS, LatencyStore, is_request_count
 from probes.assignment import assigned_to
 from probes.buffer import RoundBuffer
 from probes.http_client import KeepAliveClient, ProbeConnectionError, ProbeTimeout
@@ -175,7 +175,7 @@ def valid_budget(config: VipConfig, raw: object, warned: set[tuple[str, str, str
     for dip, count in raw.items():
         if dip not in dips:
             continue
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= total:
+        if not is_request_count(count, total):
             warn(f"budget.{dip}", count)
             continue
         budget[dip] = count

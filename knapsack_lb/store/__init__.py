@@ -34,6 +34,11 @@ CONTROLLER_STATUS = "controller"  # status component the controllers report unde
 PROBE_STATUS = "probe"  # status component the probe workers report under
 
 
+def is_request_count(value: object, most: int | None = None) -> bool:
+    """A probe budget entry: an integer (not a bool) from 1 to ``most``."""
+    return not isinstance(value, bool) and isinstance(value, int) and 1 <= value <= (most or value)
+
+
 def check_probe_budget(budget: Mapping[str, int], ttl: float) -> dict[str, int]:
     """A probe budget as the stores accept it (see :meth:`LatencyStore.put_probe_budget`)."""
     if not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or ttl <= 0:
@@ -41,7 +46,7 @@ def check_probe_budget(budget: Mapping[str, int], ttl: float) -> dict[str, int]:
     checked = {}
     for dip, count in budget.items():
         validate_name("dip", dip)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        if not is_request_count(count):
             raise InvalidInputError("probe_budget", count, "requests per round must be an integer >= 1", dip=dip)
         checked[dip] = count
     return checked
