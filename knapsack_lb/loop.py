@@ -25,7 +25,10 @@ One :meth:`ControlLoop.tick`:
    share it really carried;
 4. with no plan to push, read the LB back and re-apply the confirmed plan when the LB carries
    something else (an operator edited it, a reload lost runtime weights);
-5. persist the plan, the curves, the state and the confirmed split (:class:`StateSink`).
+5. persist the plan, the curves, the state and the confirmed split (:class:`StateSink`), and the
+   probe budget: how many requests each DIP's probes get next round
+   (:meth:`VipController.probe_budget`; not in dry run or while paused, nor with the ``uniform``
+   allocation: then the budget stored last expires and the probes send ``requests_per_round``).
 
 Sources and sinks are asynchronous: the live ones wait on Redis and on the LB. The simulator and
 the fluid model never wait; they drive the same coroutine to completion with :func:`run_now`.
@@ -54,6 +57,7 @@ DRIFT_TOLERANCE = 0.01  # total variation distance between the confirmed split a
 APPLY_FAILURES = "apply_failures"  # counters kept in the stored controller state (the API's metrics)
 APPLY_WARNINGS = "apply_warnings"
 APPLY_ERROR = "apply_error"  # the reason the last apply failed, "" when it succeeded
+BUDGET_TTL_INTERVALS = 3  # a stored probe budget lasts this many intervals: a dead controller's goes back to uniform
 
 
 def run_now(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -113,19 +117,22 @@ class ShareMeter:
 
     last: Traffic | None = None
     last_at: float = -math.inf
+    rate: float | None = None  # the VIP's requests per second between the last two reads (counters of requests)
 
     def update(self, traffic: Traffic | None, now: float) -> tuple[dict[str, float], float] | None:
         """The shares since the previous read and when that read was, or ``None`` when they are not
         known: no previous read of the same kind, nothing counted, or a counter that went down (the
-        LB restarted its counting)."""
+        LB restarted its counting). Sets :attr:`rate` when the LB counts requests, else clears it."""
         previous, since = self.last, self.last_at
-        self.last, self.last_at = traffic, now
+        self.last, self.last_at, self.rate = traffic, now, None
         if traffic is None or previous is None or previous.kind != traffic.kind:
             return None
         deltas = {n: c - previous.counters.get(n, 0.0) for n, c in traffic.counters.items()}
         total = sum(deltas.values())
         if total <= 0 or any(d < 0 for d in deltas.values()):
             return None
+        if traffic.kind == "requests" and now > since:
+            self.rate = total / (now - since)
         return {n: d / total for n, d in deltas.items()}, since
 
 
@@ -146,6 +153,8 @@ class StateSink(Protocol):
     async def put_controller_state(self, vip: str, state: Mapping[str, Any]) -> None: ...
 
     async def put_in_force(self, vip: str, in_force: InForce) -> None: ...
+
+    async def put_probe_budget(self, vip: str, budget: Mapping[str, int], ttl: float) -> None: ...
 
 
 @dataclass
@@ -227,6 +236,8 @@ class ControlLoop:
         else:
             await self._push(sink, outcome)
         await self._persist()
+        if not config.dry_run:
+            await self._put_probe_budget(config)
         return outcome
 
     async def stop(self, now: float) -> TickOutcome:
@@ -327,6 +338,15 @@ class ControlLoop:
             **fields, "changes": weight_changes(before, result.carried() or plan.weights),
             "reason": short_repr(plan.reasons[-1] if plan.reasons else "", 200),
             **({"warnings": list(result.warnings)} if result.warnings else {})})
+
+    async def _put_probe_budget(self, config: VipConfig) -> None:
+        """Store the probe budget for the next round, valid for ``BUDGET_TTL_INTERVALS`` intervals."""
+        ctl = self.controller
+        if self.state is None or ctl.settings.probe_budget.allocation == "uniform":
+            return
+        budget = ctl.probe_budget(config, self._shares.rate)
+        ttl = BUDGET_TTL_INTERVALS * max(ctl.settings.loop.interval, config.probe.interval)
+        await self.state.put_probe_budget(self.vip, budget, ttl)
 
     async def _persist(self) -> None:
         if self.state is None:

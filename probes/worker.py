@@ -1,7 +1,9 @@
 """The probe worker: the paper's KLM (KnapsackLB sections 3.2, 5 "KLM" and 6.7).
 
 Every probe interval of a VIP (``ProbeSpec.interval``, default 5 s) each of its DIPs gets
-``requests_per_round`` requests (default 100) sent straight to the DIP's address,
+``requests_per_round`` requests (default 100), or the number the VIP's probe budget gives it (the
+controller's allocation, :mod:`knapsack_lb.controller.budget`; see "The probe budget" below), sent
+straight to the DIP's address,
 bypassing the load balancer, sequentially per DIP on one kept-alive connection and
 concurrently across DIPs (at most ``max_concurrency`` at once). Each request is timed from
 just before it is written to the arrival of the last byte of the body at the probe's
@@ -28,6 +30,16 @@ worker's DIPs are measured again within two intervals. A new worker takes DIPs o
 their current owners release them at their next refresh (rebalancing within about two
 refreshes).
 
+The probe budget: the controller stores, per VIP, how many requests each DIP gets per round
+(more where its latency is least known, the VIP's total kept, at most a few percent of a DIP's
+capacity) with a TTL of a few intervals. The worker reads it with the in-force weights at a
+refresh, at most once per VIP per probe interval, and keeps it between reads; a DIP with no valid
+entry gets ``requests_per_round``, and so does every DIP when no budget is stored (expired: no
+live controller, or the ``uniform`` allocation), when it is unreadable, or when the last read is
+older than ``BUDGET_STALE_INTERVALS`` intervals (the store is down). A value that is not an
+integer from 1 to the VIP's total (``requests_per_round`` x DIPs) is ignored with a warning that
+names the field and the value (:func:`valid_budget`).
+
 Redis outages: the worker keeps probing the DIPs it had, holds finished rounds in a
 bounded buffer (``max_buffered_rounds``, oldest dropped beyond it, counted and logged),
 retries with exponential backoff (``backoff_initial`` doubling to ``backoff_max``) and
@@ -52,7 +64,7 @@ from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.model import Measurement, VipConfig
 from knapsack_lb.names import validate_name
 from knapsack_lb.rounds import RoundSamples, summarise
-from knapsack_lb.store import PROBE_STATUS, LatencyStore
+from knapsack_lb.store import PROBE_STATUS, LatencyStore, is_request_count
 from probes.assignment import assigned_to
 from probes.buffer import RoundBuffer
 from probes.http_client import KeepAliveClient, ProbeConnectionError, ProbeTimeout
@@ -62,6 +74,7 @@ log = logging.getLogger(__name__)
 
 PROBE_GROUP = "probes"
 STATUS_COMPONENT = PROBE_STATUS
+BUDGET_STALE_INTERVALS = 3  # a budget read longer ago than this many intervals is not used (store down)
 
 
 def vip_group(group: str, vip: str) -> str:
@@ -132,13 +145,50 @@ class _VipState:
     weights: dict[str, float] = field(default_factory=dict)
     next_round: float = 0.0
     running: asyncio.Task[None] | None = None
+    budget: dict[str, int] = field(default_factory=dict)  # requests per DIP per round; {}: uniform
+    budget_read_at: float = -math.inf  # when the budget was read (the worker's clock)
 
 
-async def probe_target(client: KeepAliveClient, target: ProbeTarget, deadline: float) -> RoundSamples:
-    """Send up to ``requests_per_round`` requests one after another until ``deadline`` (perf_counter)."""
+def valid_budget(config: VipConfig, raw: object, warned: set[tuple[str, str, str]] | None = None) -> dict[str, int]:
+    """The entries of a stored probe budget that can be used for ``config``'s DIPs: integers from 1 to
+    the VIP's total (``requests_per_round`` x DIPs). Any other value is ignored with a warning naming
+    the field (``budget.<dip>``) and the value (once per value when ``warned`` collects them); a budget
+    that is not a JSON object is ignored whole. Entries of DIPs not in the VIP are dropped."""
+    warned = set() if warned is None else warned
+
+    def warn(field_name: str, value: object) -> None:
+        key = (config.name, field_name, repr(value)[:100])
+        if key not in warned:
+            warned.add(key)
+            log.warning("probe budget value ignored: %s = %s (want an integer from 1 to %d); "
+                        "requests_per_round is used", field_name, repr(value)[:100], total,
+                        extra={"vip": config.name, "field": field_name, "value": repr(value)[:100]})
+
+    total = config.probe.requests_per_round * len(config.dips)
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        warn("budget", raw)
+        return {}
+    dips = {d.name for d in config.dips}
+    budget = {}
+    for dip, count in raw.items():
+        if dip not in dips:
+            continue
+        if not is_request_count(count, total):
+            warn(f"budget.{dip}", count)
+            continue
+        budget[dip] = count
+    return budget
+
+
+async def probe_target(client: KeepAliveClient, target: ProbeTarget, deadline: float,
+                       requests: int | None = None) -> RoundSamples:
+    """Send up to ``requests`` (default ``requests_per_round``) requests one after another until
+    ``deadline`` (perf_counter)."""
     samples = RoundSamples()
     expected = target.spec.expected_status
-    for _ in range(target.spec.requests_per_round):
+    for _ in range(target.spec.requests_per_round if requests is None else requests):
         started = time.perf_counter()
         if started >= deadline:
             break
@@ -180,6 +230,7 @@ class ProbeWorker:
         self._flush_wanted = asyncio.Event()
         self._store_ok = True
         self._cpu_start = time.process_time()
+        self._budget_warned: set[tuple[str, str, str]] = set()
 
     # --- timing knobs ------------------------------------------------------------------------
     def _shortest_interval(self) -> float:
@@ -234,6 +285,7 @@ class ProbeWorker:
             if state is not None:
                 new_state.next_round, new_state.running, new_state.weights = (
                     state.next_round, state.running, state.weights)
+                new_state.budget, new_state.budget_read_at = state.budget, state.budget_read_at
             self._vips[name] = new_state
         for gone in set(self._vips) - seen:
             del self._vips[gone]
@@ -269,6 +321,7 @@ class ProbeWorker:
             if resource not in self.owned or self._clients[resource][0] != resources.get(resource):
                 self._clients.pop(resource)[1].close()
         await self.refresh_weights()
+        await self.refresh_budgets()
         self.stats.owned_dips = len(self.owned)
         self.stats.live_members = len(members | {opts.worker_id})
         self._store_recovered()
@@ -305,6 +358,32 @@ class ProbeWorker:
             else:
                 state.weights = {}
 
+    async def refresh_budgets(self) -> None:
+        """Read each VIP's probe budget when the last read is one probe interval old (at most one read
+        per VIP per round); unreadable, it is dropped (uniform) with a warning. Store outages raise,
+        and the last budget read is kept until it is stale (:meth:`requests_for`)."""
+        now = self.clock.now()
+        for state in list(self._vips.values()):
+            if now - state.budget_read_at < state.config.probe.interval:
+                continue
+            try:
+                raw = await self.store.probe_budget(state.config.name)
+            except ValueError as bad:  # not JSON: a writer that is not the controller
+                log.warning("stored probe budget unreadable; requests_per_round is used: %s", bad,
+                            extra={"vip": state.config.name, "field": "budget"})
+                raw = None
+            state.budget = valid_budget(state.config, raw, self._budget_warned)
+            state.budget_read_at = now
+
+    def requests_for(self, vip: str, dip: str) -> int:
+        """How many requests ``dip`` of ``vip`` gets this round: its budget entry, else (none, or a
+        budget older than ``BUDGET_STALE_INTERVALS`` intervals) ``requests_per_round``."""
+        state = self._vips[vip]
+        uniform = state.config.probe.requests_per_round
+        if self.clock.now() - state.budget_read_at > BUDGET_STALE_INTERVALS * state.config.probe.interval:
+            return uniform
+        return state.budget.get(dip, uniform)
+
     @staticmethod
     def _weights(state: _VipState) -> dict[str, float]:
         """The confirmed weights, or an equal split (the LB's default) before any was confirmed."""
@@ -328,7 +407,7 @@ class ProbeWorker:
                 client = self._client(target)
                 timestamped, read_delay = client.timestamped, client.read_delay_sum
                 try:
-                    return await probe_target(client, target, deadline)
+                    return await probe_target(client, target, deadline, self.requests_for(vip, target.dip))
                 finally:
                     self.stats.kernel_timestamped += client.timestamped - timestamped
                     self.stats.read_delay_seconds += client.read_delay_sum - read_delay

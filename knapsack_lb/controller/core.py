@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from knapsack_lb.controller.breaker import RelativeCircuitBreaker
+from knapsack_lb.controller.budget import DipUncertainty, LearningState, allocate
 from knapsack_lb.controller.dynamics import (
     ChangeDetector,
     RoundView,
@@ -53,7 +54,15 @@ from knapsack_lb.controller.dynamics import (
     refresh_candidates,
     round_noise,
 )
-from knapsack_lb.controller.estimation import Estimate, changed, estimate, pool_prior, round_evidence
+from knapsack_lb.controller.estimation import (
+    MODEL_ERROR,
+    Estimate,
+    by_weight,
+    changed,
+    estimate,
+    pool_prior,
+    round_evidence,
+)
 from knapsack_lb.controller.guard import PlanGuard
 from knapsack_lb.controller.measurement import DipMeasurement
 from knapsack_lb.controller.rails import apply_rails, capacity_proportional
@@ -80,6 +89,9 @@ START_SHARE = 0.25
 LEARNED_CHANGE = 0.002
 # The guard restores the previous plan when the new one measures this much worse, beyond noise.
 GUARD_THRESHOLD = 0.05
+# The probe budget: rounds within this relative distance of the weight a DIP carries now count as taken
+# there (rounds placed at the share the LB counted wander around the weight)
+BUDGET_WEIGHT_TOLERANCE = 0.1
 
 
 @dataclass(frozen=True)
@@ -237,6 +249,52 @@ class VipController:
             "drain_measured_at": self.drain_measured_at,
             "plan_version": self.version,
         }
+
+    def probe_budget(self, config: VipConfig, rate: float | None = None) -> dict[str, int]:
+        """Probe requests per round for each DIP of ``config`` (:mod:`knapsack_lb.controller.budget`):
+        more where the estimate at the DIP's current weight is least precise, the VIP's total
+        (``requests_per_round`` x DIPs) kept, at most ``probe_budget.load_cap`` of a DIP's capacity.
+        ``rate`` is the VIP's requests per second when the LB counts them; a DIP's capacity is then
+        ``rate`` x the larger of its ``w_max`` and the weight it carries (it carries that now), else
+        unknown. The floor is ``probe_budget.floor``, raised to the breaker's ``min_requests`` while the
+        breaker is on (a DIP with fewer probes cannot be judged)."""
+        s = self.settings
+        floor = max(s.probe_budget.floor, s.breaker.min_requests if s.breaker.enabled else 1)
+        return allocate(self.probe_uncertainty(config, rate), uniform=config.probe.requests_per_round,
+                        interval=config.probe.interval, load_cap=s.probe_budget.load_cap, floor=floor,
+                        method=s.probe_budget.allocation)
+
+    def probe_uncertainty(self, config: VipConfig, rate: float | None = None) -> list[DipUncertainty]:
+        """What the controller knows of each DIP of ``config`` for the probe budget: its learning state,
+        the relative standard error of its rounds at the weight it carries (pooled, scaled by the fit's
+        dispersion, at least the model's 1 %; unknown with no round there, and always with
+        ``algorithm1``, which keeps no per-round errors), the relative spread of one request in its
+        newest round, its capacity."""
+        carried = self._carried()
+        drained = set(config.drained)
+        out = []
+        for name in (d.name for d in config.dips):
+            dip = self.dips.get(name)
+            if dip is None:
+                out.append(DipUncertainty(name, "new"))
+                continue
+            state: LearningState = (
+                "drained" if name in drained or dip.failed or self.breaker.is_ejected(name)
+                else "new" if not dip.evidence and dip.curve is None
+                else "measuring" if dip.measuring is not None or not dip.ready else "settled")
+            weight = carried.get(name, 0.0)
+            stderr = None
+            near = [b for b in by_weight(dip.evidence, self.settings.measurement.trust_tolerance)
+                    if abs(b.weight - weight) <= max(1e-3, BUDGET_WEIGHT_TOLERANCE * weight)]
+            if near:
+                here = min(near, key=lambda b: abs(b.weight - weight))
+                # never below the model's own error: the learner trusts no point closer than that
+                stderr = max(MODEL_ERROR, here.stderr * math.sqrt(dip.dispersion) / here.mean)
+            newest = next((e for e in reversed(dip.evidence) if e.n >= 2 and 0 < e.mean < math.inf), None)
+            spread = newest.std / newest.mean if newest is not None else None
+            capacity = max(dip.w_max, weight) * rate if rate is not None and dip.ready else None
+            out.append(DipUncertainty(name, state, stderr, spread, capacity))
+        return out
 
     # --- state -------------------------------------------------------------------------------
     def state(self) -> ControllerState:

@@ -2,13 +2,15 @@
 
 ``ControllerSettings`` is frozen pydantic so it can be read from YAML, from the admin API and
 from the store, and passed unchanged to the simulator. Groups: ``loop`` (timing and leases),
-``measurement`` (Algorithm 1), ``fitting`` (curves), ``solver``, ``dynamics`` (traffic and
-capacity changes, failures), ``refresh`` (periodic re-measurement), ``drain``, ``breaker``
-(relative circuit breaker) and ``rails`` (guard rails around every plan). Defaults follow the
-KnapsackLB paper where it gives a number (section 4.3: D = 5 % of w_max, drop at 5x the weight-0
-latency, pace 1; section 4.5: 20 % capacity threshold, 5 % refresh budget; section 5: 5 s
-interval). Each feature beyond the paper has a switch; :meth:`ControllerSettings.paper` turns all
-of them off. docs/controller.md explains each feature (the anchors in the descriptions), and
+``learning`` (how curves are learned), ``probe_budget`` (probe requests per DIP), ``measurement``
+(Algorithm 1), ``fitting`` (curves), ``solver``, ``dynamics`` (traffic and capacity changes,
+failures), ``refresh`` (periodic re-measurement), ``drain``, ``breaker`` (relative circuit
+breaker) and ``rails`` (guard rails around every plan). Defaults follow the KnapsackLB paper
+where it gives a number (section 4.3: D = 5 % of w_max, drop at 5x the weight-0 latency, pace 1;
+section 4.5: 20 % capacity threshold, 5 % refresh budget; section 5: 5 s interval). Each feature
+beyond the paper has a switch; :meth:`ControllerSettings.paper` turns all of them off (with it,
+every DIP gets the same probe requests, as in section 5). docs/controller.md explains each
+feature (the anchors in the descriptions), and
 docs/decisions/controller.md how its default was chosen.
 """
 
@@ -75,6 +77,24 @@ class LearningSettings(_Group):
         2.0, ge=1, le=5, description="z: decisions use bounds this many standard errors wide (2 = about 95 %)."
     )
     window: float = Field(600.0, gt=0, description="Seconds of rounds a DIP's curve is fitted on.")
+
+
+class ProbeBudgetSettings(_Group):
+    """How a VIP's probe requests are shared among its DIPs each round: by uncertainty within a cap on
+    probe load, or uniformly (paper section 5: the same N per DIP). docs/probes.md#the-probe-budget."""
+
+    allocation: Literal["uncertainty", "uniform"] = Field(
+        "uncertainty", description="uncertainty: more requests to the DIPs whose latency at their weight is least "
+        "known, the VIP's total (requests_per_round x DIPs) kept; uniform: requests_per_round to every DIP (paper)."
+    )
+    load_cap: float = Field(
+        0.03, gt=0, le=1, description="Most of a DIP's estimated capacity its probes may take (requests per round <= "
+        "load_cap x capacity x interval); a DIP of unknown capacity gets at most requests_per_round."
+    )
+    floor: int = Field(
+        3, ge=1, le=100_000, description="Fewest requests a DIP gets per round (at most requests_per_round); with the "
+        "circuit breaker on, at least its min_requests."
+    )
 
 
 class MeasurementSettings(_Group):
@@ -250,6 +270,9 @@ class ControllerSettings(_Group):
 
     loop: LoopSettings = Field(default_factory=LoopSettings, description="Timing and leases.")
     learning: LearningSettings = Field(default_factory=LearningSettings, description="How curves are learned.")
+    probe_budget: ProbeBudgetSettings = Field(
+        default_factory=ProbeBudgetSettings, description="How probe requests are shared among a VIP's DIPs."
+    )
     measurement: MeasurementSettings = Field(default_factory=MeasurementSettings, description="Algorithm 1.")
     fitting: FittingSettings = Field(default_factory=FittingSettings, description="Curve fitting.")
     solver: SolverSettings = Field(default_factory=SolverSettings, description="The weight solver.")
@@ -294,6 +317,7 @@ class ControllerSettings(_Group):
         """The paper's behaviour: quadratic curves, sum objective, no circuit breaker, no rails."""
         return cls().tuned(
             learning={"method": "algorithm1"},
+            probe_budget={"allocation": "uniform"},
             fitting={"curve_model": "quadratic"},
             solver={"objective": "sum"},
             measurement={"run_capped_by_drop": False},

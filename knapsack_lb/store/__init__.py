@@ -14,11 +14,14 @@ probe round are one pipeline and ``snapshot(vip)`` is one round trip.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.model import Measurement, VipConfig, WeightPlan
+from knapsack_lb.names import validate_name
 
 # Group and component names shared by the writers (controllers, probe workers) and the readers (API)
 # Retention: the one source of these defaults (the configuration's ``redis`` block uses them too).
@@ -29,6 +32,24 @@ DEFAULT_PLAN_HISTORY = 500
 CONTROLLER_LEASES = "controllers"  # lease group of the VIPs controllers own, and their heartbeats
 CONTROLLER_STATUS = "controller"  # status component the controllers report under
 PROBE_STATUS = "probe"  # status component the probe workers report under
+
+
+def is_request_count(value: object, most: int | None = None) -> bool:
+    """A probe budget entry: an integer (not a bool) from 1 to ``most``."""
+    return not isinstance(value, bool) and isinstance(value, int) and 1 <= value <= (most or value)
+
+
+def check_probe_budget(budget: Mapping[str, int], ttl: float) -> dict[str, int]:
+    """A probe budget as the stores accept it (see :meth:`LatencyStore.put_probe_budget`)."""
+    if not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or ttl <= 0:
+        raise InvalidInputError("ttl", ttl, "must be a number of seconds > 0")
+    checked = {}
+    for dip, count in budget.items():
+        validate_name("dip", dip)
+        if not is_request_count(count):
+            raise InvalidInputError("probe_budget", count, "requests per round must be an integer >= 1", dip=dip)
+        checked[dip] = count
+    return checked
 
 
 @dataclass(frozen=True)
@@ -123,6 +144,20 @@ class LatencyStore(Protocol):
     async def in_force(self, vip: str) -> InForce | None: ...
 
     async def controller_state(self, vip: str) -> dict[str, Any] | None: ...
+
+    async def put_probe_budget(self, vip: str, budget: Mapping[str, int], ttl: float) -> None:
+        """Store the requests per round each DIP of ``vip`` gets (the controller's allocation,
+        :mod:`knapsack_lb.controller.budget`) for ``ttl`` seconds, so that a dead controller's budget
+        expires and the probes go back to the uniform ``requests_per_round``. Refuses
+        (:class:`~knapsack_lb.errors.InvalidInputError`) a DIP name that is not one or a count that is
+        not an integer >= 1."""
+        ...
+
+    async def probe_budget(self, vip: str) -> Any:
+        """The stored budget as written (JSON: a DIP -> count object), ``None`` when there is none or it
+        expired. Readers validate it (:func:`probes.worker.valid_budget`); unreadable JSON raises
+        ``ValueError``."""
+        ...
 
     async def request_remeasure(self, vip: str, dip: str) -> None: ...
 

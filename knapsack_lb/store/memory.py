@@ -27,6 +27,7 @@ from knapsack_lb.store import (
     CurveRecord,
     InForce,
     VipSnapshot,
+    check_probe_budget,
 )
 
 
@@ -40,6 +41,7 @@ class _VipData:
     state: dict[str, Any] | None = None
     remeasure: set[str] = field(default_factory=set)
     in_force: InForce | None = None
+    budget: tuple[dict[str, int], float] | None = None  # the probe budget and when it expires
 
 
 class MemoryLatencyStore:
@@ -171,6 +173,16 @@ class MemoryLatencyStore:
     async def in_force(self, vip: str) -> InForce | None:
         data = self._vips.get(validate_name("vip", vip))
         return data.in_force if data else None
+
+    async def put_probe_budget(self, vip: str, budget: Mapping[str, int], ttl: float) -> None:
+        checked = check_probe_budget(budget, ttl)
+        self._vip(vip).budget = (checked, self._clock.now() + ttl)
+
+    async def probe_budget(self, vip: str) -> Any:
+        data = self._vips.get(validate_name("vip", vip))
+        if data is None or data.budget is None or data.budget[1] <= self._clock.now():
+            return None
+        return dict(data.budget[0])
 
     async def request_remeasure(self, vip: str, dip: str) -> None:
         self._vip(vip).remeasure.add(validate_name("dip", dip))

@@ -20,6 +20,7 @@ Key layout (``ns`` = namespace, default ``klb``). One VIP's keys carry the hash 
     ns:{vip}:state           string   controller state JSON
     ns:{vip}:lb              string   weights the load balancer confirmed (InForce JSON)
     ns:{vip}:remeasure       set      DIPs the operator asked to re-measure
+    ns:{vip}:budget          string   probe requests per DIP per round (JSON), with a PX TTL
     ns:vips                  set      VIP names with a configuration (an index, see below)
     ns:{members:<group>}     zset     member -> expiry (ms, Redis server time)
     ns:{lease:<group>}:<res> string   owner, with a PX TTL
@@ -93,6 +94,7 @@ from knapsack_lb.store import (
     CurveRecord,
     InForce,
     VipSnapshot,
+    check_probe_budget,
 )
 
 RESOURCE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
@@ -471,7 +473,7 @@ class RedisLatencyStore:
         """Delete the VIP's configuration and every key of it (measurements, plans, curves ...)."""
         dips = [_text(d) for d in await self.client.smembers(self._vk(vip, "mdips"))]
         keys = [self._vk(vip, s) for s in ("config", "mdips", "latest", "plan", "plans", "curves", "state",
-                                           "remeasure", "lb")]
+                                           "remeasure", "lb", "budget")]
         keys += [self._mkey(vip, dip) for dip in dips]
         await self.client.delete(*keys)  # one slot: one atomic DEL
         await self.client.srem(self._vips_key, vip)
@@ -577,6 +579,14 @@ class RedisLatencyStore:
     async def in_force(self, vip: str) -> InForce | None:
         text = await self.client.get(self._vk(vip, "lb"))
         return None if text is None else InForce.from_dict(json.loads(text))
+
+    async def put_probe_budget(self, vip: str, budget: Mapping[str, int], ttl: float) -> None:
+        checked = check_probe_budget(budget, ttl)
+        await self.client.set(self._vk(vip, "budget"), _dumps(checked, "probe_budget"), px=self._ttl_ms(ttl))
+
+    async def probe_budget(self, vip: str) -> Any:
+        text = await self.client.get(self._vk(vip, "budget"))
+        return None if text is None else json.loads(text)
 
     async def request_remeasure(self, vip: str, dip: str) -> None:
         await self.client.sadd(self._vk(vip, "remeasure"), validate_name("dip", dip))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from knapsack_lb.clock import FakeClock
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.lab.procs import ManagedProcess, RedisServer, free_port
 from knapsack_lb.lab.testbed.emulator import EmulatorConfig, EmulatorFleet
@@ -111,6 +112,54 @@ async def test_round_stops_at_the_interval_when_every_request_times_out(store: R
         (m,) = await worker.probe_round("web")
     assert time.perf_counter() - started < 1.0
     assert m.sent == m.timeouts and 2 <= m.sent <= 4
+
+
+async def test_a_stored_probe_budget_sets_how_many_requests_each_dip_receives(
+    store: RedisLatencyStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The controller's budget reaches the emulated DIPs: each gets its entry, a DIP without a valid
+    entry gets requests_per_round (a bad value is named in a warning), the budget is read at most
+    once per interval, and without one (expired, unreadable, or stale) every DIP gets the uniform share."""
+    clock = FakeClock(1000.0)
+    with EmulatorFleet([EmulatorConfig(name, service_time=0.001, distribution="fixed") for name in "abc"]) as fleet:
+        await store.put_vip(_vip("web", fleet.addresses, requests_per_round=10, interval=5.0))
+        worker = ProbeWorker(store, ProbeWorkerOptions(worker_id="w1"), clock=clock)
+        served = dict.fromkeys("abc", 0)
+
+        async def round_() -> dict[str, int]:
+            sent = {m.dip: m.sent for m in await worker.probe_round("web")}
+            for dip in served:
+                total = fleet.stats(dip).successes
+                assert total - served[dip] == sent[dip], dip  # what the DIP itself received
+                served[dip] = total
+            return sent
+
+        await store.client.set(store._vk("web", "budget"), '{"a": 4, "b": 20, "c": "x", "gone": 7}')
+        with caplog.at_level("WARNING", logger="probes.worker"):
+            await worker.refresh()
+        assert await round_() == {"a": 4, "b": 20, "c": 10}
+        assert any("budget.c" in r.getMessage() and "'x'" in r.getMessage() for r in caplog.records)
+        await store.put_probe_budget("web", {"a": 12, "b": 3, "c": 15}, ttl=30.0)
+        await worker.refresh()  # within the interval: the budget read last is kept, not read again
+        assert await round_() == {"a": 4, "b": 20, "c": 10}
+        clock.advance(5.0)
+        await worker.refresh()
+        assert await round_() == {"a": 12, "b": 3, "c": 15}
+        clock.advance(16.0)  # no refresh for more than three intervals (the store was down): uniform
+        assert await round_() == dict.fromkeys("abc", 10)
+        await store.client.set(store._vk("web", "budget"), "not json")
+        with caplog.at_level("WARNING", logger="probes.worker"):
+            await worker.refresh()
+        assert await round_() == dict.fromkeys("abc", 10)
+        assert any("unreadable" in r.getMessage() for r in caplog.records)
+        await store.put_probe_budget("web", {"a": 2, "b": 2, "c": 2}, ttl=0.2)  # then its controller dies
+        clock.advance(5.0)
+        await worker.refresh()
+        assert await round_() == dict.fromkeys("abc", 2)
+        await asyncio.sleep(0.3)
+        clock.advance(5.0)
+        await worker.refresh()
+        assert await round_() == dict.fromkeys("abc", 10)
 
 
 def test_bad_addresses_and_urls_are_refused_at_configuration_time() -> None:

@@ -177,6 +177,30 @@ async def test_curves_state_remeasure_and_snapshot(store: LatencyStore) -> None:
     assert await store.take_remeasure_requests("web") == set()
 
 
+async def test_a_probe_budget_round_trips_expires_and_refuses_bad_counts(store: LatencyStore) -> None:
+    assert await store.probe_budget("web") is None
+    await store.put_probe_budget("web", {"d1": 7, "d2": 13}, ttl=30.0)
+    assert await store.probe_budget("web") == {"d1": 7, "d2": 13}
+    await store.put_probe_budget("web", {"d1": 4}, ttl=30.0)  # the newest allocation replaces the last
+    assert await store.probe_budget("web") == {"d1": 4}
+    for bad, field in (({"d1": 0}, "probe_budget"), ({"d1": 2.5}, "probe_budget"), ({"d1": True}, "probe_budget"),
+                       ({"d 1": 3}, "dip")):
+        with pytest.raises(InvalidInputError, match=field):
+            await store.put_probe_budget("web", bad, ttl=1.0)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="ttl"):
+        await store.put_probe_budget("web", {"d1": 3}, ttl=0.0)
+    assert await store.probe_budget("web") == {"d1": 4}
+    await store.put_vip(vip_config())
+    await store.delete_vip("web")
+    assert await store.probe_budget("web") is None
+
+
+async def test_a_probe_budget_expires_after_its_ttl(store: LatencyStore) -> None:
+    await store.put_probe_budget("web", {"d1": 7}, ttl=0.2)
+    await asyncio.sleep(0.3)  # on the Redis server's clock, or the memory store's (the system clock here)
+    assert await store.probe_budget("web") is None
+
+
 async def test_an_older_round_flushed_late_does_not_replace_the_latest(store: LatencyStore) -> None:
     await store.put_measurements([measurement("d1", 20.0)])
     await store.put_measurements([measurement("d1", 10.0)])  # a buffered round arriving late

@@ -395,7 +395,8 @@ def test_every_multi_key_operation_stays_in_one_slot() -> None:
     groups = [
         [store._vk("web", "plan"), store._vk("web", "plans")],  # put_plan's fence
         store._status_keys("probe"),  # put_status, statuses
-        [store._vk("web", s) for s in ("config", "latest", "plan", "curves", "state", "remeasure", "lb", "mdips")]
+        [store._vk("web", s) for s in ("config", "latest", "plan", "curves", "state", "remeasure", "lb", "mdips",
+                                    "budget")]
         + [store._mkey("web", "d1")],  # snapshot, delete_vip's one DEL
     ]
     for keys in groups:

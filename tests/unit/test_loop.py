@@ -324,3 +324,41 @@ async def test_rounds_are_placed_at_the_share_the_lb_counted() -> None:
     assert len(counted) >= 3 and evidence
     assert evidence[-1].weight == pytest.approx(0.25)  # the counted share, not the planned weight
     assert loop.controller.in_force["a"] != pytest.approx(0.25)
+
+
+async def test_the_probe_budget_is_stored_uniform_without_a_request_rate_and_capped_with_one() -> None:
+    """Each tick stores how many probe requests each DIP gets next round. Without the LB's request
+    counters no DIP's capacity is known, so none gets more than requests_per_round (the total is
+    kept); with them each DIP gets at most 3 % of its capacity over an interval."""
+    lab, loop, sink = _lab_loop()
+    store = loop.state
+    assert isinstance(store, MemoryLatencyStore)
+    await _tick(lab, loop, 3)
+    uniform = lab.config.probe.requests_per_round
+    assert await store.probe_budget("vip") == dict.fromkeys(lab.model.names, uniform)
+    served = dict.fromkeys(lab.model.names, 0.0)
+
+    async def traffic() -> Traffic:
+        for n, w in (sink.carried or {}).items():
+            served[n] += w * lab.model.total_rate * 5.0
+        return Traffic("requests", dict(served))
+
+    sink.traffic = traffic  # type: ignore[union-attr]
+    await _tick(lab, loop, 4)
+    budget = await store.probe_budget("vip")
+    ctl = loop.controller
+    assert set(budget) == set(lab.model.names) and sum(budget.values()) <= uniform * len(budget)
+    for name, count in budget.items():
+        capacity = max(ctl.dips[name].w_max, ctl.in_force[name]) * lab.model.total_rate
+        assert 1 <= count <= max(FAST.breaker.min_requests, 0.03 * capacity * lab.config.probe.interval)
+    assert budget != dict.fromkeys(lab.model.names, uniform)
+
+
+async def test_no_probe_budget_in_dry_run_or_with_the_uniform_allocation() -> None:
+    lab, loop, _ = _lab_loop(settings=FAST.tuned(probe_budget={"allocation": "uniform"}))
+    await _tick(lab, loop, 2)
+    assert await loop.state.probe_budget("vip") is None  # type: ignore[union-attr]
+    lab, loop, _ = _lab_loop()
+    lab.config = lab.config.model_copy(update={"dry_run": True})
+    await _tick(lab, loop, 2)
+    assert await loop.state.probe_budget("vip") is None  # type: ignore[union-attr]

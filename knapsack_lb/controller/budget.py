@@ -1,0 +1,162 @@
+"""Where a VIP's probe requests go: more where a DIP's latency is least known, within a load cap.
+
+KnapsackLB (NSDI), section 5 ("KLM"), sends every DIP the same 100 requests every 5 s,
+"independent of DIP size", and section 6.7 counts that load as the probes' overhead. The same
+total bought where it teaches most learns faster: a DIP whose latency at its current weight is
+known to 1 % learns little from 100 more requests, one that was just moved to a new weight (or
+is new) learns most. This module decides, per round, how many requests each DIP gets.
+
+The model. DIP ``i``'s estimate at the weight it is run at has a relative standard error
+``r_i`` (standard error / mean, from the rounds already taken there; unknown = no round there
+yet = infinite). A round of ``n_i`` requests with per-request relative spread ``v_i`` (standard
+deviation / mean of one request; 1 when unknown, the spread of exponential service) adds the
+information ``n_i / v_i**2``, so after it the relative variance is
+``1 / (1 / r_i**2 + n_i / v_i**2)``. Every decision the learner takes is a relative one (a change
+of 20 %, a drop at 5x the unloaded latency, caps on ``z`` standard errors), so relative variance
+is the currency, equal for every DIP. Minimising the summed relative variance over the VIP for a
+fixed total ``B`` is a water-filling problem (Lagrange: the marginal reduction
+``(1/v_i**2) / (1/r_i**2 + n_i/v_i**2)**2`` equal across DIPs); its solution is
+
+    n_i = clip(v_i * t - v_i**2 / r_i**2, low_i, high_i),   t chosen so that sum n_i = B.
+
+With nothing known about any DIP (every ``r_i`` infinite, every ``v_i`` equal) it is the uniform
+split; with every DIP unknown but for its spread it is Neyman allocation (``n_i`` proportional
+to ``v_i``); a DIP already known well gets less, down to its floor.
+
+Bounds per DIP:
+
+* **the total**: ``B`` = the configured uniform share x the number of DIPs: the VIP's probe load
+  never grows (it may shrink when caps bind everywhere);
+* **the cap**: at most ``load_cap`` (default 3 %) of the DIP's estimated capacity over one
+  interval, ``load_cap x capacity (requests/s) x interval``; a DIP whose capacity is not known gets
+  at most the uniform share, so the allocator never probes a DIP harder than the uniform default
+  unless it knows the DIP can take it;
+* **the floor**: every DIP keeps ``floor`` requests (default 3, at most the uniform share, and at
+  most its cap but never below 1) so that failures and changes are still seen;
+* a **drained** DIP (drained by the operator, failed, or ejected: out of service, probed only to
+  see it come back) gets its floor and nothing more.
+
+Integers: the real solution is rounded down and the requests left over go, one each, to the DIPs
+with the largest remainders (ties by name), never past a cap: deterministic, no randomness.
+
+How it fails: unknown input degrades to the uniform default, never to an empty round. All
+uncertainty unknown gives the uniform split; all capacities unknown cap every DIP at the uniform
+share, which (the total being uniform x DIPs) is the uniform split again; non-finite or
+non-positive numbers count as unknown. ``method="uniform"`` returns the uniform split as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from knapsack_lb.errors import InvalidInputError
+
+LearningState = Literal["new", "measuring", "settled", "drained"]
+Allocation = Literal["uncertainty", "uniform"]
+LEARNING_STATES: tuple[LearningState, ...] = ("new", "measuring", "settled", "drained")
+DEFAULT_SPREAD = 1.0  # a request's relative spread when unknown: exponential service (std = mean)
+_BISECTIONS = 200
+
+
+@dataclass(frozen=True)
+class DipUncertainty:
+    """What the allocator knows of one DIP.
+
+    ``relative_stderr``: standard error / mean of its latency estimate at the weight it is run (or
+    measured) at; ``None`` when no round was taken there (nothing known: infinite).
+    ``spread``: standard deviation / mean of one probe request's latency (``None``: 1).
+    ``capacity``: requests per second it can serve (``None``: unknown).
+    ``state``: new (no round yet), measuring, settled, or drained (out of service: floor only)."""
+
+    name: str
+    state: LearningState = "new"
+    relative_stderr: float | None = None
+    spread: float | None = None
+    capacity: float | None = None
+
+
+def _known(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) and value > 0 else None
+
+
+def allocate(
+    dips: Sequence[DipUncertainty],
+    *,
+    uniform: int,
+    interval: float,
+    load_cap: float = 0.03,
+    floor: int = 3,
+    method: Allocation = "uncertainty",
+) -> dict[str, int]:
+    """Requests per round for each DIP of one VIP (see the module docstring).
+
+    ``uniform`` is the VIP's configured ``requests_per_round`` (the total is ``uniform`` x DIPs),
+    ``interval`` its probe interval (s), ``load_cap`` the largest share of a DIP's capacity the
+    probes may take, ``floor`` the fewest requests a DIP gets. Raises :class:`InvalidInputError`
+    naming the argument when one is out of range or a DIP name repeats."""
+    if not isinstance(uniform, int) or uniform < 1:
+        raise InvalidInputError("uniform", uniform, "must be an integer >= 1")
+    if not math.isfinite(interval) or interval <= 0:
+        raise InvalidInputError("interval", interval, "must be a number of seconds > 0")
+    if not math.isfinite(load_cap) or not 0 < load_cap <= 1:
+        raise InvalidInputError("load_cap", load_cap, "must be a fraction > 0 and <= 1")
+    if not isinstance(floor, int) or floor < 1:
+        raise InvalidInputError("floor", floor, "must be an integer >= 1")
+    names = [d.name for d in dips]
+    if len(set(names)) != len(names):
+        raise InvalidInputError("dips", names, "DIP names must be unique")
+    for d in dips:
+        if d.state not in LEARNING_STATES:
+            raise InvalidInputError("state", d.state, f"must be one of {', '.join(LEARNING_STATES)}", dip=d.name)
+    if method == "uniform" or not dips:
+        return {name: uniform for name in names}
+    total = uniform * len(dips)
+    high: dict[str, int] = {}
+    low: dict[str, int] = {}
+    for d in dips:
+        capacity = _known(d.capacity)
+        cap = math.floor(load_cap * capacity * interval) if capacity is not None else uniform
+        high[d.name] = max(1, cap)
+        low[d.name] = max(1, min(floor, uniform, high[d.name]))
+        if d.state == "drained":
+            high[d.name] = low[d.name]
+    spread = {d.name: _known(d.spread) or DEFAULT_SPREAD for d in dips}
+    # v**2 / r**2: what the DIP already knows, in requests of its own spread (0 = nothing known)
+    known = {d.name: (spread[d.name] / r) ** 2 if (r := _known(d.relative_stderr)) is not None else 0.0 for d in dips}
+
+    def share(name: str, t: float) -> float:
+        return min(float(high[name]), max(float(low[name]), spread[name] * t - known[name]))
+
+    if sum(high.values()) <= total:
+        real = {n: float(high[n]) for n in names}  # every cap binds: the load shrinks, never grows
+    else:
+        lo, hi = 0.0, 1.0
+        while sum(share(n, hi) for n in names) < total:
+            hi *= 2
+        for _ in range(_BISECTIONS):
+            mid = (lo + hi) / 2
+            if sum(share(n, mid) for n in names) < total:
+                lo = mid
+            else:
+                hi = mid
+        real = {n: share(n, hi) for n in names}
+    return _integers(real, low, high, total)
+
+
+def _integers(real: Mapping[str, float], low: Mapping[str, int], high: Mapping[str, int], total: int,
+              ) -> dict[str, int]:
+    """Round down, then hand the requests left over to the largest remainders (ties by name), within caps."""
+    counts = {n: max(low[n], min(high[n], math.floor(v + 1e-9))) for n, v in real.items()}
+    left = min(total, sum(high.values())) - sum(counts.values())
+    order = sorted(real, key=lambda n: (-(real[n] - math.floor(real[n] + 1e-9)), n))
+    while left > 0:
+        takers = [n for n in order if counts[n] < high[n]]
+        if not takers:
+            break
+        for name in takers[:left]:
+            counts[name] += 1
+        left -= min(left, len(takers))
+    return counts

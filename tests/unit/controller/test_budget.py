@@ -1,0 +1,105 @@
+"""The probe budget allocator (knapsack_lb.controller.budget): known answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from knapsack_lb.controller.budget import DipUncertainty, allocate
+from knapsack_lb.errors import InvalidInputError
+
+
+def _settled(name: str, r: float | None, capacity: float | None = 10_000.0, **kw: object) -> DipUncertainty:
+    return DipUncertainty(name, "settled", relative_stderr=r, capacity=capacity, **kw)  # type: ignore[arg-type]
+
+
+def test_equal_uncertainty_is_the_uniform_split() -> None:
+    dips = [_settled(n, 0.05) for n in "abcd"]
+    assert allocate(dips, uniform=100, interval=5.0) == dict.fromkeys("abcd", 100)
+
+
+def test_nothing_known_is_the_uniform_split() -> None:
+    dips = [DipUncertainty(n) for n in "abc"]
+    assert allocate(dips, uniform=20, interval=5.0) == dict.fromkeys("abc", 20)
+
+
+def test_a_dip_with_four_times_the_standard_error_gets_more() -> None:
+    dips = [_settled("a", 0.04), _settled("b", 0.01), _settled("c", 0.01), _settled("d", 0.01)]
+    budget = allocate(dips, uniform=100, interval=5.0)
+    assert sum(budget.values()) == 400
+    assert budget["a"] > 100 > budget["b"] == budget["c"] == budget["d"]
+    # water-filling: the known ones keep their floor, the uncertain one takes the rest
+    assert budget == {"a": 391, "b": 3, "c": 3, "d": 3}
+
+
+def test_a_new_dip_takes_what_the_well_known_ones_do_not_need() -> None:
+    dips = [DipUncertainty("new", capacity=10_000.0), _settled("a", 0.2), _settled("b", 0.2)]
+    budget = allocate(dips, uniform=50, interval=5.0)
+    assert sum(budget.values()) == 150
+    assert budget["new"] > max(budget["a"], budget["b"]) and min(budget["a"], budget["b"]) > 3
+    assert abs(budget["a"] - budget["b"]) <= 1
+
+
+def test_the_cap_binds_at_three_percent_of_capacity_and_the_surplus_goes_to_the_others() -> None:
+    # "a" serves 200 requests/s: 3 % of it over a 5 s interval is 30 requests
+    dips = [_settled("a", 0.2, capacity=200.0), _settled("b", 0.2), _settled("c", 0.2)]
+    budget = allocate(dips, uniform=100, interval=5.0)
+    assert budget["a"] == 30
+    assert budget["b"] + budget["c"] == 270 and abs(budget["b"] - budget["c"]) <= 1
+
+
+def test_unknown_capacity_caps_at_the_uniform_share() -> None:
+    dips = [_settled("a", 0.5, capacity=None), _settled("b", 0.01, capacity=None), _settled("c", 0.01, None)]
+    budget = allocate(dips, uniform=40, interval=5.0)
+    assert budget == dict.fromkeys("abc", 40)
+
+
+def test_the_floor_holds() -> None:
+    dips = [DipUncertainty("new", capacity=10_000.0), _settled("known", 1e-4)]
+    budget = allocate(dips, uniform=10, interval=5.0, floor=4)
+    assert budget == {"new": 16, "known": 4}
+    # a DIP of unknown capacity is never probed harder than the uniform share: the known one keeps the rest
+    assert allocate([DipUncertainty("new"), _settled("known", 1e-4)], uniform=10, interval=5.0, floor=4) == {
+        "new": 10, "known": 10}
+    # a floor above the uniform share is the uniform share; a cap below the floor wins, but never 0
+    assert allocate([DipUncertainty("x"), _settled("y", 1e-4)], uniform=2, interval=5.0, floor=5) == {"x": 2, "y": 2}
+    tiny = [_settled("tiny", 0.3, capacity=1.0), _settled("big", 0.3)]
+    assert allocate(tiny, uniform=10, interval=5.0)["tiny"] == 1
+
+
+def test_a_drained_dip_gets_its_floor_only() -> None:
+    dips = [DipUncertainty("gone", "drained"), _settled("a", 0.1), _settled("b", 0.1)]
+    budget = allocate(dips, uniform=30, interval=5.0)
+    assert budget["gone"] == 3 and budget["a"] + budget["b"] == 87
+
+
+@pytest.mark.parametrize("uniform", [1, 3, 7, 100])
+def test_the_total_never_exceeds_the_vips_total(uniform: int) -> None:
+    dips = [DipUncertainty("n"), _settled("a", 0.3, capacity=50.0), _settled("b", 0.01),
+            DipUncertainty("d", "drained"), _settled("c", 0.07, spread=2.0)]
+    budget = allocate(dips, uniform=uniform, interval=1.0)
+    assert sum(budget.values()) <= uniform * len(dips)
+    assert all(n >= 1 for n in budget.values())
+
+
+def test_when_every_cap_binds_the_load_shrinks() -> None:
+    dips = [_settled(n, 0.1, capacity=100.0) for n in "ab"]  # 3 % of 100/s x 5 s = 15
+    assert allocate(dips, uniform=100, interval=5.0) == {"a": 15, "b": 15}
+
+
+def test_uniform_method_and_determinism() -> None:
+    dips = [DipUncertainty("a"), _settled("b", 0.01)]
+    assert allocate(dips, uniform=9, interval=5.0, method="uniform") == {"a": 9, "b": 9}
+    ties = [_settled(n, 0.1) for n in "cab"]
+    first = allocate(ties, uniform=7, interval=5.0)
+    assert first == allocate(list(reversed(ties)), uniform=7, interval=5.0) == dict.fromkeys("abc", 7)
+
+
+def test_nonsense_counts_as_unknown_and_bad_arguments_are_named() -> None:
+    dips = [_settled("a", float("nan"), capacity=float("inf")), _settled("b", -1.0, capacity=0.0)]
+    assert allocate(dips, uniform=5, interval=5.0) == {"a": 5, "b": 5}
+    with pytest.raises(InvalidInputError, match="load_cap"):
+        allocate(dips, uniform=5, interval=5.0, load_cap=0.0)
+    with pytest.raises(InvalidInputError, match="uniform"):
+        allocate(dips, uniform=0, interval=5.0)
+    with pytest.raises(InvalidInputError, match="dips"):
+        allocate([DipUncertainty("a"), DipUncertainty("a")], uniform=5, interval=5.0)
