@@ -190,6 +190,7 @@ class ControlLoop:
     _started: bool = False
     _failing: int = 0  # applies refused in a row
     apply_error: str = ""  # why the last apply failed ("" once one succeeds), kept with the state
+    budget: dict[str, int] | None = None  # probe requests per DIP for the next round (None: uniform)
     _shares: ShareMeter = field(default_factory=ShareMeter)
 
     @property
@@ -340,13 +341,16 @@ class ControlLoop:
             **({"warnings": list(result.warnings)} if result.warnings else {})})
 
     async def _put_probe_budget(self, config: VipConfig) -> None:
-        """Store the probe budget for the next round, valid for ``BUDGET_TTL_INTERVALS`` intervals."""
+        """Work out the probe budget for the next round (:attr:`budget`; the lab's probes read it there)
+        and store it for the probe workers, valid for ``BUDGET_TTL_INTERVALS`` intervals."""
         ctl = self.controller
-        if self.state is None or ctl.settings.probe_budget.allocation == "uniform":
+        if ctl.settings.probe_budget.allocation == "uniform":
+            self.budget = None
             return
-        budget = ctl.probe_budget(config, self._shares.rate)
-        ttl = BUDGET_TTL_INTERVALS * max(ctl.settings.loop.interval, config.probe.interval)
-        await self.state.put_probe_budget(self.vip, budget, ttl)
+        self.budget = ctl.probe_budget(config, self._shares.rate)
+        if self.state is not None:
+            ttl = BUDGET_TTL_INTERVALS * max(ctl.settings.loop.interval, config.probe.interval)
+            await self.state.put_probe_budget(self.vip, self.budget, ttl)
 
     async def _persist(self) -> None:
         if self.state is None:
@@ -385,13 +389,18 @@ class StoreSource:
 class QuantisingSink:
     """A load balancer in the lab: weights become the integers the LB kind ``lb`` takes (exactly as
     its adapter rounds them), ``push`` hands the carried split to the model (the simulator's MUXes,
-    the fluid model), and ``fail_next`` makes the next applies fail with a reason."""
+    the fluid model), ``fail_next`` makes the next applies fail with a reason, and ``counters`` are
+    the LB's per-DIP counters as an adapter's ``traffic`` reads them (None: it counts nothing)."""
 
     lb: str
     push: Callable[[dict[str, float]], None]
     fail_next: list[str] = field(default_factory=list)
     carried: dict[str, float] = field(default_factory=dict)
     applied: list[tuple[WeightPlan, ApplyResult]] = field(default_factory=list)
+    counters: Callable[[], Traffic | None] = lambda: None  # what the LB counted per DIP (``Sink.traffic``)
+
+    async def traffic(self) -> Traffic | None:
+        return self.counters()
 
     async def apply(self, plan: WeightPlan) -> ApplyResult:
         if self.fail_next:

@@ -4,9 +4,12 @@ Every ``ControllerSettings.interval`` (5 s, section 5) a probe round runs agains
 KLM sends ``knapsack.probe_requests`` requests straight to each DIP, bypassing the LB (section 3.2),
 spread over the latter ``probe_window`` part of the interval (so a round sees the weights in effect,
 not the transition from the last change; at layer 4 old connections keep their DIP, section 4.7).
-Each round also carries the DIP's share of the VIP's requests over the interval, as an LB's own
-per-server counters tell it (HAProxy's ``show stat``): at layer 4 it lags the weights by the
-connections' lifetimes.
+The simulated LB counts what it sends each DIP, as a real LB's per-server counters do (HAProxy's
+``show stat``: requests at layer 7, bytes at layer 4), and the loop stamps each round with the DIP's
+share of the VIP's traffic from them (at layer 4 it lags the weights by the connections'
+lifetimes). The number of probes per DIP is the controller's probe budget when it has one
+(requests at layer 7 give it the VIP's rate, so the 3 % cap on a DIP's probe load holds), else
+``knapsack.probe_requests``.
 The probe requests are real requests: they queue and are served like client traffic. At the end of
 the interval the round is summarised by the live probes' own function (:func:`knapsack_lb.rounds.summarise`)
 and the one :class:`~knapsack_lb.loop.ControlLoop` ticks: the controller steps, and a plan goes to a
@@ -35,7 +38,7 @@ from knapsack_lb.clock import SimClock
 from knapsack_lb.controller.core import VipController
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.loop import ControlLoop, Observation, QuantisingSink, fixed, run_now
-from knapsack_lb.model import ApplyResult, DipConfig, Measurement, VipConfig, WeightPlan
+from knapsack_lb.model import ApplyResult, DipConfig, Measurement, ProbeSpec, Traffic, VipConfig, WeightPlan
 from knapsack_lb.rounds import RoundSamples, summarise
 from knapsack_lb.sim.metrics import SimResult
 from knapsack_lb.sim.policies.base import Outcome
@@ -67,15 +70,16 @@ class SimKlm:
         self.probe_timeout = spec.probe_timeout
         self.probe_window = spec.probe_window
         self.round: list[list[Outcome]] = [[] for _ in sim.names]
-        self.served = list(sim.recorder.served)  # the LB's per-DIP request counters at the round's start
 
-    def schedule(self, start: float) -> None:
+    def schedule(self, start: float, budget: Mapping[str, int] | None = None) -> None:
+        """Schedule the next round: ``budget`` requests per DIP (by name), else ``probe_requests``."""
         begin = start + self.interval * (1.0 - self.probe_window)
         span = self.interval * self.probe_window
         lb = self.sim.lbs[0]
-        for dip in range(len(self.sim.names)):
-            for i in range(self.probe_requests):
-                at = begin + span * (i + self.rng.random()) / self.probe_requests
+        for dip, name in enumerate(self.sim.names):
+            count = budget.get(name, self.probe_requests) if budget else self.probe_requests
+            for i in range(count):
+                at = begin + span * (i + self.rng.random()) / count
                 at = min(at, start + self.interval - self.probe_timeout - 1e-6) if span > self.probe_timeout else at
                 self.sim.engine.at(max(at, self.sim.engine.now), self._send, (lb, dip))
 
@@ -87,10 +91,6 @@ class SimKlm:
         """The round that just ended, per DIP that was probed."""
         carried = self.carried()
         equal = 1.0 / len(self.sim.names)
-        served = list(self.sim.recorder.served)
-        delta = [b - a for a, b in zip(self.served, served, strict=True)]
-        self.served = served
-        total = sum(delta)
         out = {}
         for dip, outcomes in enumerate(self.round):
             if not outcomes:
@@ -105,8 +105,7 @@ class SimKlm:
                     samples.add_error(o.status, o.latency)
             name = self.sim.names[dip]
             out[name] = summarise(samples, vip=self.vip, dip=name, time=now,
-                                  weight=carried.get(name, equal) if carried else equal, worker="sim-klm",
-                                  share=delta[dip] / total if total > 0 else None)
+                                  weight=carried.get(name, equal) if carried else equal, worker="sim-klm")
         self.round = [[] for _ in self.sim.names]
         return out
 
@@ -122,9 +121,11 @@ class KnapsackDriver:
         self.settings = settings or ControllerSettings.model_validate(overrides)
         self.vip = vip
         self.config = VipConfig(name=vip, objective=self.settings.solver.objective,
+                                probe=ProbeSpec(requests_per_round=spec.probe_requests, interval=spec.probe_interval,
+                                                timeout=spec.probe_timeout),
                                 dips=tuple(DipConfig(name=n, address=sim_address(i)) for i, n in enumerate(sim.names)))
         self.controller = VipController(vip, sim.names, self.settings, rng=random.Random(f"{sim.seed}/controller"))
-        self.sink = QuantisingSink(spec.lb, self._push)
+        self.sink = QuantisingSink(spec.lb, self._push, counters=self._counters)
         self.klm = SimKlm(sim, vip, self.settings.loop.interval, lambda: self.sink.carried)
         clock = SimClock(lambda: sim.engine.now)
         self.loop = ControlLoop(self.controller, self, fixed(self.sink), clock.now, on_apply=self._applied)
@@ -142,6 +143,10 @@ class KnapsackDriver:
         weights = [float(carried.get(name, 0.0)) for name in self.sim.names]
         if sum(weights) > 0:  # never an all-zero split (the controller never plans one)
             self.sim.set_weights(weights)
+
+    def _counters(self) -> Traffic:
+        kind = "requests" if self.sim.scenario.lb.layer == 7 else "bytes"
+        return Traffic(kind, dict(zip(self.sim.names, map(float, self.sim.recorder.served), strict=True)))
 
     def _applied(self, plan: WeightPlan, result: ApplyResult, at: float) -> None:
         self.applies.append({"time": at, "version": plan.version, "ok": result.ok, "reason": result.reason})
@@ -184,7 +189,7 @@ class KnapsackDriver:
     def _step(self, now: float) -> None:
         run_now(self.loop.tick(now))
         if now + self.settings.loop.interval <= self.sim.scenario.duration:
-            self.klm.schedule(now)
+            self.klm.schedule(now, self.loop.budget)
 
 
 def make_knapsack_mux(ctx: PolicyContext) -> SmoothWeightedRoundRobin:
