@@ -56,12 +56,18 @@ from typing import Any
 import numpy as np
 import yaml
 
+from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
 from knapsack_lb.lab.fleet import PAPER_CONTROLLER_VMS, PAPER_FLEET_SOLVE_SECONDS, Fleet, make_fleet
 from knapsack_lb.lab.fluid import FluidDip, FluidModel, vip_config
 from knapsack_lb.lab.procs import ManagedProcess, RedisClusterServers, RedisServer
 from knapsack_lb.model import AdapterSpec, Measurement, ProbeSpec
-from knapsack_lb.store import CONTROLLER_STATUS, DEFAULT_PLAN_HISTORY, DEFAULT_RETENTION_COUNT
+from knapsack_lb.store import (
+    CONTROLLER_STATUS,
+    DEFAULT_PLAN_HISTORY,
+    DEFAULT_RETENTION_COUNT,
+    DEFAULT_RETENTION_SECONDS,
+)
 from knapsack_lb.store.redis import RedisLatencyStore
 
 SMALL_FLEET = (100, 1000)
@@ -173,6 +179,8 @@ class KeySizes:
     round_bytes: int  # the measurement keys
     plan_bytes: float  # summed over the sampled VIPs: the mean size of one entry of the VIP's plan history
     fixed_bytes: int  # configuration, DIP index, newest round per DIP, curves, state, current plan, in-force weights
+    evidence_entries: int = 0  # the learner's rounds kept in the sampled controller states (part of fixed_bytes)
+    evidence_bytes: int = 0  # their JSON
 
 
 @dataclass(frozen=True)
@@ -187,32 +195,41 @@ class MemoryEstimate:
     bytes_per_dip: float
     dips: int
     total_bytes: float
+    evidence_bytes_per_dip: float = 0.0  # the learner's evidence still to come until its window is full
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "bytes_per_round": round(self.bytes_per_round, 1),
             "bytes_per_plan_per_dip": round(self.bytes_per_plan_per_dip, 2),
             "fixed_bytes_per_dip": round(self.fixed_bytes_per_dip, 1),
+            "evidence_bytes_per_dip_to_come": round(self.evidence_bytes_per_dip, 1),
             "retention_count": self.retention_count, "plan_history": self.plan_history,
             "bytes_per_dip": round(self.bytes_per_dip), "dips": self.dips,
             "total_gib": round(self.total_bytes / 2**30, 3),
             "formula": "per DIP: bytes_per_round x retention_count + bytes_per_plan_per_dip x plan_history "
-                       "+ fixed_bytes_per_dip",
+                       "+ fixed_bytes_per_dip + evidence_bytes_per_dip_to_come",
         }
 
 
-def memory_at_retention(sizes: KeySizes, *, retention_count: int, plan_history: int, dips: int) -> MemoryEstimate:
+def memory_at_retention(sizes: KeySizes, *, retention_count: int, plan_history: int, dips: int,
+                        evidence_per_dip: float = 0.0) -> MemoryEstimate:
     """What the store holds once retention is full: every DIP keeps ``retention_count`` rounds, every
     VIP ``plan_history`` plans, and the fixed keys as sampled. A plan's size grows with its VIP's DIPs,
-    so plans are counted per DIP (the sample's plan bytes over its DIPs); so are the fixed keys."""
+    so plans are counted per DIP (the sample's plan bytes over its DIPs); so are the fixed keys. The
+    controller state grows until the learner's window is full: ``evidence_per_dip`` rounds of evidence
+    per DIP then, at the sample's bytes per evidence entry, minus those already in the sample."""
     if sizes.dips < 1 or sizes.rounds < 1:
         raise InvalidInputError("sizes", sizes, "need at least one sampled DIP with a stored round")
     per_round = sizes.round_bytes / sizes.rounds
     per_plan_per_dip = sizes.plan_bytes / sizes.dips
     fixed = sizes.fixed_bytes / sizes.dips
-    per_dip = per_round * retention_count + per_plan_per_dip * plan_history + fixed
+    evidence = 0.0
+    if sizes.evidence_entries:
+        still = max(0.0, evidence_per_dip - sizes.evidence_entries / sizes.dips)
+        evidence = still * sizes.evidence_bytes / sizes.evidence_entries
+    per_dip = per_round * retention_count + per_plan_per_dip * plan_history + fixed + evidence
     return MemoryEstimate(per_round, per_plan_per_dip, fixed, retention_count, plan_history, per_dip, dips,
-                          per_dip * dips)
+                          per_dip * dips, evidence)
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:
@@ -256,7 +273,7 @@ async def sample_key_sizes(store: RedisLatencyStore, fleet: Fleet, count: int = 
     fleet's size order, by kind (:class:`KeySizes`); ZCARD / LLEN for the entries they hold."""
     picks = sorted({int(i) for i in np.linspace(0, len(fleet.vips) - 1, min(count, len(fleet.vips)))})
     client: Any = store.client
-    rounds = round_bytes = fixed = dips = 0
+    rounds = round_bytes = fixed = dips = entries = entry_bytes = 0
     plan_bytes = 0.0
     for index in picks:
         vip = fleet.vips[index]
@@ -270,7 +287,13 @@ async def sample_key_sizes(store: RedisLatencyStore, fleet: Fleet, count: int = 
             for key in mkeys:
                 pipe.zcard(key)
             pipe.llen(plans_key)
+            pipe.get(store._vk(vip.name, "state"))
             replies = await pipe.execute()
+        state = replies.pop()
+        if state:
+            found = _evidence(json.loads(state))
+            entries += len(found)
+            entry_bytes += sum(len(json.dumps(e, separators=(",", ":"))) + 1 for e in found)
         usage = [int(r or 0) for r in replies[:len(mkeys) + len(fixed_keys) + 1]]
         counts = [int(r or 0) for r in replies[len(usage):]]
         round_bytes += sum(usage[:len(mkeys)])
@@ -279,7 +302,17 @@ async def sample_key_sizes(store: RedisLatencyStore, fleet: Fleet, count: int = 
         if counts[-1]:
             plan_bytes += usage[-1] / counts[-1]
         dips += len(names)
-    return KeySizes(len(picks), dips, rounds, round_bytes, plan_bytes, fixed)
+    return KeySizes(len(picks), dips, rounds, round_bytes, plan_bytes, fixed, entries, entry_bytes)
+
+
+def _evidence(data: Any) -> list[Any]:
+    """Every entry of every ``evidence`` list in a stored controller state."""
+    if isinstance(data, dict):
+        found = list(data["evidence"]) if isinstance(data.get("evidence"), list) else []
+        return found + [e for key, value in data.items() if key != "evidence" for e in _evidence(value)]
+    if isinstance(data, list):
+        return [e for value in data for e in _evidence(value)]
+    return []
 
 
 def process_cpu_seconds(pid: int) -> float | None:
@@ -449,6 +482,7 @@ class FleetBenchOptions:
     probe_requests: int = 100
     max_buffered_rounds: int = 1000
     retention_count: int = DEFAULT_RETENTION_COUNT
+    retention_seconds: float = DEFAULT_RETENTION_SECONDS
     plan_history: int = DEFAULT_PLAN_HISTORY
 
     def __post_init__(self) -> None:
@@ -802,8 +836,7 @@ def _result(run: _Run, start: float, end: float, before: Mapping[str, float], co
     coverage = [row["vips"] / len(names) for row in per_interval[1:-1]]  # whole intervals only
     used = counters_end["used_memory"] - before["used_memory"]
     rounds_per_dip = sizes.rounds / sizes.dips if sizes.dips else 0.0
-    estimate = memory_at_retention(sizes, retention_count=options.retention_count, plan_history=options.plan_history,
-                                   dips=fleet.dip_count)
+    estimate = retention_estimate(sizes, options, fleet.dip_count)
     writers = {
         "processes": options.writers, "rounds": sum(int(s["rounds"]) for s in summaries),
         "measurements_written": sum(int(s["measurements_written"]) for s in summaries),
@@ -848,6 +881,16 @@ def _result(run: _Run, start: float, end: float, before: Mapping[str, float], co
                   "seconds_on_8_core_vm": PAPER_FLEET_SOLVE_SECONDS,
                   "controller_vms_to_resolve_every_5_s": PAPER_CONTROLLER_VMS},
     }
+
+
+def retention_estimate(sizes: KeySizes, options: FleetBenchOptions, dips: int) -> MemoryEstimate:
+    """The store's size once full at the controller's default interval: rounds kept per DIP are
+    ``min(retention_count, retention_age / interval)``, the learner's evidence ``window / interval + 1``."""
+    defaults = ControllerSettings()
+    interval = defaults.loop.interval
+    kept = min(options.retention_count, int(options.retention_seconds // interval))
+    return memory_at_retention(sizes, retention_count=kept, plan_history=options.plan_history, dips=dips,
+                               evidence_per_dip=defaults.learning.window // interval + 1)
 
 
 def cores_needed(steps_per_cpu_second: float, vips: int, interval: float) -> float:

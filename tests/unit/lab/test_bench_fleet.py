@@ -79,3 +79,12 @@ def test_cores_needed_to_step_every_vip_every_interval() -> None:
     assert cores_needed(100.0, vips=3410, interval=5.0) == pytest.approx(6.82)
     with pytest.raises(InvalidInputError):
         cores_needed(0.0, vips=1, interval=5.0)
+
+
+def test_the_learners_evidence_still_to_come_is_added_per_dip() -> None:
+    # 10 DIPs hold 20 evidence entries of 100 B each (2 per DIP); at steady state each DIP holds 121
+    sizes = KeySizes(vips=2, dips=10, rounds=50, round_bytes=30_000, plan_bytes=0.0, fixed_bytes=0,
+                     evidence_entries=20, evidence_bytes=2_000)
+    estimate = memory_at_retention(sizes, retention_count=1, plan_history=1, dips=1, evidence_per_dip=121)
+    assert estimate.evidence_bytes_per_dip == (121 - 2) * 100
+    assert estimate.bytes_per_dip == 600 + (121 - 2) * 100
