@@ -43,12 +43,14 @@ import math
 import multiprocessing
 import os
 import queue
+import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -614,6 +616,7 @@ def run_fleet_bench(options: FleetBenchOptions, out: Path | None = None,
     ``out/fleet.json`` with the lag plot ``out/fleet.png`` (when matplotlib is installed)."""
     report = progress or (lambda phase, done, total: None)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_sigterm_as_exit())
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="klb-fleet-")))
         out_dir = out or workdir / "out"
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -638,6 +641,24 @@ def run_fleet_bench(options: FleetBenchOptions, out: Path | None = None,
                 controller.process.stop()
         result["files"] = _write_outputs(result, out_dir)
         return result
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit while the run lasts, so that the cleanup stops every child process
+    (they run in sessions of their own and would not see the signal); Ctrl-C does the same by itself."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def leave(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    before = signal.signal(signal.SIGTERM, leave)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _counter(report: Callable[[int], None]) -> Callable[[int], None]:
