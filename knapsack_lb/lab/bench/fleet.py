@@ -395,15 +395,13 @@ async def _write_rounds(job: WriterJob, results: Any) -> dict[str, Any]:
     stats: dict[str, Any] = {"writer": job.index, "rounds": 0, "measurements_written": 0, "write_failures": 0,
                              "late": [], "cpu_seconds": 0.0, "vips": len(models),
                              "dips": sum(len(m.dips) for m in models)}
-    gate = asyncio.Semaphore(64)
     cpu0 = time.process_time()
 
     async def in_force(model: FluidModel) -> None:
-        async with gate:
-            try:
-                record = await store.in_force(model.vip)
-            except Exception:  # as the probe worker: a store error never ends the writer (a failover can
-                return  # surface as a client error, not only as StoreUnavailableError)
+        try:
+            record = await store.in_force(model.vip)
+        except Exception:  # as the probe worker: a store error never ends the writer (a failover can
+            return  # surface as a client error, not only as StoreUnavailableError)
         if record is not None and record.version != versions.get(model.vip):
             versions[model.vip] = record.version
             with contextlib.suppress(KnapsackLBError):
@@ -432,7 +430,8 @@ async def _write_rounds(job: WriterJob, results: Any) -> dict[str, Any]:
             if due >= job.end:
                 break
             await asyncio.sleep(max(0.0, due - time.time()))
-            await asyncio.gather(*(in_force(m) for m in models))
+            for model in models:  # one after another, as the probe worker reads them (the cluster client
+                await in_force(model)  # is not safe for concurrent commands on one connection)
             measurements: list[Measurement] = []
             for model in models:
                 measurements += model.measure(due, worker=f"fluid-{job.index}").values()
@@ -593,21 +592,11 @@ class _Run:
 
 async def _put_fleet(store: RedisLatencyStore, fleet: Fleet, interval: float,
                      progress: Callable[[str, float, float], None]) -> None:
-    gate = asyncio.Semaphore(32)
-    done = 0
-
-    async def put(index: int) -> None:
-        nonlocal done
-        vip = fleet.vips[index]
-        config = vip_config(vip.name, [d.name for d in vip.dips], adapter=AdapterSpec(lb=LB_NAME),
-                            probe=ProbeSpec(interval=interval))
-        async with gate:
-            await store.put_vip(config)
-        done += 1
+    for done, vip in enumerate(fleet.vips, 1):
+        await store.put_vip(vip_config(vip.name, [d.name for d in vip.dips], adapter=AdapterSpec(lb=LB_NAME),
+                                       probe=ProbeSpec(interval=interval)))
         if done % 50 == 0 or done == len(fleet.vips):
             progress("configure", done, len(fleet.vips))
-
-    await asyncio.gather(*(put(i) for i in range(len(fleet.vips))))
 
 
 def run_fleet_bench(options: FleetBenchOptions, out: Path | None = None,
