@@ -18,8 +18,10 @@ stepped, when and on which round) and from outside the processes:
 
 * ``time_to_all_planned_seconds``: from the controllers' start until every VIP has a plan;
 * lag: step time minus the time of the newest round the step saw, p50/p99 per interval and overall;
-* ``steps_per_cpu_second`` per controller process: VIP steps / CPU seconds of the process
-  (``/proc/<pid>/stat``, user + system) between its first pass and the end (start-up imports left out);
+* ``steps_per_cpu_second`` per controller process: the VIP steps of its passes after its first status
+  over the CPU seconds it spent in those passes (its status's ``step_cpu_seconds``: the start-up imports
+  and the first pass are left out, and each pass's steps are paired with that pass's CPU); its
+  ``/proc/<pid>/stat`` CPU over the same window is ``process_cpu_seconds``;
 * store operations per second (``total_commands_processed`` of every master, and the mean of
   ``instantaneous_ops_per_sec``) and memory per DIP (``used_memory`` after minus before, / DIPs),
   plus the per-key sizes (``MEMORY USAGE``) of a sample of VIPs from which the memory at the
@@ -521,6 +523,9 @@ class _Controller:
     missed_passes: int = 0
     steps: int = 0
     killed_at: float | None = None
+    pass_cpu_first: float | None = None  # the process's own CPU seconds in passes, at its first and last status
+    pass_cpu_last: float | None = None
+    rated_steps: int = 0  # steps of the passes after the first status (those the CPU seconds above paid for)
 
     def sample_cpu(self) -> None:
         cpu = process_cpu_seconds(self.process.pid) if self.process.alive() else None
@@ -572,11 +577,16 @@ class _Run:
             passes = int(status.get("rounds", 0))
             if controller is None or passes <= controller.last_pass:
                 continue
-            if controller.first_pass is None:
+            first = controller.first_pass is None
+            if first:
                 controller.first_pass = float(status.get("time", time.time()))
                 controller.cpu_first = process_cpu_seconds(controller.process.pid)
-            elif passes > controller.last_pass + 1:
-                controller.missed_passes += passes - controller.last_pass - 1
+                controller.pass_cpu_first = float(status.get("step_cpu_seconds", 0.0))
+            else:
+                if passes > controller.last_pass + 1:
+                    controller.missed_passes += passes - controller.last_pass - 1
+                controller.rated_steps += len(status.get("stepped") or {})
+                controller.pass_cpu_last = float(status.get("step_cpu_seconds", 0.0))
             controller.last_pass = passes
             for vip, (at, round_time, version) in (status.get("stepped") or {}).items():
                 self.steps.append(Step(vip, ident, float(at), None if round_time is None else float(round_time),
@@ -836,13 +846,16 @@ def _result(run: _Run, start: float, end: float, before: Mapping[str, float], co
     per_controller: list[dict[str, Any]] = []
     for c in run.controllers:
         cpu = None if c.cpu_first is None or c.cpu_last is None else c.cpu_last - c.cpu_first
+        in_passes = None if c.pass_cpu_first is None or c.pass_cpu_last is None else c.pass_cpu_last - c.pass_cpu_first
         mine = [s for s in steps if s.controller == c.ident]
         per_controller.append({
-            "id": c.ident, "steps": len(mine), "vips": len({s.vip for s in mine}), "cpu_seconds": _round(cpu, 2),
-            "steps_per_cpu_second": _round(len(mine) / cpu if cpu else None, 1), "missed_passes": c.missed_passes,
-            "killed": c.killed_at is not None,
+            "id": c.ident, "steps": len(mine), "vips": len({s.vip for s in mine}),
+            "rated_steps": c.rated_steps, "cpu_seconds": _round(in_passes, 2), "process_cpu_seconds": _round(cpu, 2),
+            "steps_per_cpu_second": _round(c.rated_steps / in_passes if in_passes else None, 1),
+            "missed_passes": c.missed_passes, "killed": c.killed_at is not None,
         })
     cpu_total = sum(float(c["cpu_seconds"] or 0.0) for c in per_controller)
+    rated_total = sum(int(c["rated_steps"]) for c in per_controller)
     coverage = [row["vips"] / len(names) for row in per_interval[1:-1]]  # whole intervals only
     used = counters_end["used_memory"] - before["used_memory"]
     rounds_per_dip = sizes.rounds / sizes.dips if sizes.dips else 0.0
@@ -873,7 +886,10 @@ def _result(run: _Run, start: float, end: float, before: Mapping[str, float], co
                      "intervals_every_vip_stepped": sum(1 for c in coverage if c >= 1.0),
                      "min_share_of_vips_stepped": _round(min(coverage, default=None), 3)},
         "controllers": per_controller,
-        "steps_per_cpu_second": _round(len(steps) / cpu_total if cpu_total else None, 1),
+        "steps_per_cpu_second": _round(rated_total / cpu_total if cpu_total else None, 1),
+        "steps_per_cpu_second_note": "steps of every pass after a process's first status over the CPU seconds "
+                                     "the process spent in those passes (its status's step_cpu_seconds); "
+                                     "process_cpu_seconds is /proc user + system over the same window",
         "store_ops": {"ops_per_second": round((counters_end["commands"] - counters_start["commands"]) / window, 1),
                       "instantaneous_ops_per_sec_mean": _round(float(np.mean(run.ops_samples))
                                                                if run.ops_samples else None, 1),
