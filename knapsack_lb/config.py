@@ -61,7 +61,8 @@ class RedisSettings(BaseModel):
     )
     measurement_retention_count: int = Field(
         DEFAULT_RETENTION_COUNT, ge=1, le=1_000_000,
-        description=f"Probe rounds kept per DIP (count). Default {DEFAULT_RETENTION_COUNT} (1 h at 5 s).",
+        description=f"Probe rounds kept per DIP (count). Default {DEFAULT_RETENTION_COUNT} (10 min at 5 s; "
+        "docs/sizing.md: memory per DIP).",
     )
     measurement_retention_age: float = Field(
         DEFAULT_RETENTION_SECONDS, gt=0,

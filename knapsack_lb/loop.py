@@ -168,6 +168,7 @@ class TickOutcome:
     reapplied: bool = False
     skipped: str = ""
     error: str = ""
+    round_time: float | None = None  # time of the newest probe round the step saw (None: no round)
 
 
 @dataclass
@@ -205,6 +206,7 @@ class ControlLoop:
             outcome.skipped = "no configuration"
             return outcome
         config = observation.config
+        outcome.round_time = max((m.time for m in observation.rounds.values()), default=None)
         try:
             sink = self.sinks(config)
         except KnapsackLBError as exc:  # the configuration names a load balancer that cannot be built

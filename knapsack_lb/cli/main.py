@@ -13,6 +13,7 @@ from knapsack_lb.cli import (
     adapter_commands,
     controller_commands,
     demo_commands,
+    fleet_commands,
     probe_commands,
     robustness_commands,
     service_commands,
@@ -38,6 +39,7 @@ for _module in (
     service_commands,
     demo_commands,
     robustness_commands,
+    fleet_commands,
 ):
     _module.register(app, bench_app)
 

@@ -2,10 +2,12 @@
 
 Every ``interval`` seconds the service
 
-1. announces itself (heartbeat in group ``controllers``) and takes or renews the lease of every
-   VIP it can (``acquire_lease``); a VIP leased by another live controller is left alone, a dead
-   controller's leases expire after ``lease_ttl`` and its VIPs are taken over, resuming from the
-   controller state it stored;
+1. announces itself (heartbeat in group ``controllers``) and takes or renews the leases of its
+   share of the VIPs (``acquire_lease``): ``ceil(VIPs / live controllers)``, preferring the VIPs
+   rendezvous hashing gives it (:meth:`ControllerService._lease_share`). A VIP leased by another
+   live controller is left alone; a controller above its share (another one joined) releases the
+   surplus; a dead controller's leases expire after ``lease_ttl`` and its VIPs are taken over by
+   the others, resuming from the controller state it stored;
 2. ticks each leased VIP's :class:`~knapsack_lb.loop.ControlLoop`, those whose curves changed
    first (the paper prioritises VIPs "with a change in the weight-latency curve"): the source is
    the latency store (one snapshot per tick), the sink the adapter of the operator's load balancer
@@ -45,8 +47,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import secrets
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +66,7 @@ from knapsack_lb.model import ApplyResult, Traffic, VipConfig, WeightPlan
 from knapsack_lb.names import validate_name
 from knapsack_lb.service.adapters import AdapterFactory, AdapterPool, adapter_factory
 from knapsack_lb.store import CONTROLLER_LEASES, CONTROLLER_STATUS, LatencyStore
+from probes.assignment import assigned_to
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +120,7 @@ class ControllerService:
     rounds: int = 0
     step_failures: int = 0
     store_ready: bool = True
+    cpu_seconds: float = 0.0  # process CPU time spent in passes (stepping, store round trips, pushes)
 
     def __post_init__(self) -> None:
         validate_name("controller_id", self.controller_id)
@@ -137,18 +143,14 @@ class ControllerService:
             self.loops.clear()
             return []
         await self.store.heartbeat(LEASE_GROUP, self.controller_id, ttl)
-        owned = []
-        for vip in sorted(await self.store.list_vips()):
-            if await self.store.acquire_lease(LEASE_GROUP, vip, self.controller_id, ttl):
-                owned.append(vip)
-            elif vip in self.loops:
-                log.info("VIP leased by another controller; dropping it", extra={"vip": vip})
-                del self.loops[vip]
+        owned = await self._lease_share(sorted(await self.store.list_vips()), ttl)
         for gone in set(self.loops) - set(owned):
             del self.loops[gone]
         self.adapters.retain(set(owned))
         owned.sort(key=lambda v: (not (v in self.loops and self.loops[v].controller.curves_changed), v))
         outcomes = []
+        stepped: dict[str, list[float | int | None]] = {}
+        started = time.process_time()
         now = _wall(self.clock)
         for vip in owned:
             try:
@@ -164,12 +166,55 @@ class ControllerService:
                 outcome = TickOutcome(vip, error=f"{type(exc).__name__}: {short_repr(str(exc))}")
             if outcome.skipped == "no configuration":
                 self.loops.pop(vip, None)
+            elif not outcome.error and vip in self.loops:
+                plan = self.loops[vip].controller.plan
+                stepped[vip] = [round(_wall(self.clock), 3), outcome.round_time, 0 if plan is None else plan.version]
             outcomes.append(outcome)
+        self.cpu_seconds += time.process_time() - started
         await self.store.put_status(CONTROLLER_STATUS, self.controller_id, {
             "vips": owned, "rounds": self.rounds, "time": _wall(self.clock), "step_failures": self.step_failures,
-            "errors": {o.vip: o.error for o in outcomes if o.error},
+            "errors": {o.vip: o.error for o in outcomes if o.error}, "stepped": stepped,
+            "step_cpu_seconds": round(self.cpu_seconds, 3),
         }, ttl)
         return outcomes
+
+    async def _lease_share(self, vips: list[str], ttl: float) -> list[str]:
+        """Take or renew the leases of this process's share of ``vips``; the VIPs it holds now.
+
+        The share is ``ceil(len(vips) / live controllers)``. Held VIPs are renewed (a lease another
+        controller holds now is dropped); beyond the share, the held VIPs that rendezvous hashing
+        (:func:`probes.assignment.assigned_to`) gives to another live controller are released, so
+        that a controller that joins finds them free. Below the share, free VIPs are taken, the
+        ones hashing gives this process first: a dead controller's VIPs are taken over once its
+        leases and heartbeat expire (``loop.lease_ttl``), and a controller that was only frozen
+        finds its VIPs held and does not take them back while the others carry no more than their share.
+        """
+        live = await self.store.live_members(LEASE_GROUP)
+        share = math.ceil(len(vips) / max(1, len(set(live) | {self.controller_id})))
+        preferred = assigned_to(self.controller_id, vips, live)
+        held = [v for v in vips if v in self.loops]
+        excess = len(held) - share
+        for vip in sorted(held, key=lambda v: (v in preferred, v)):
+            if excess <= 0:
+                break
+            log.info("VIP handed to another controller (rebalancing)", extra={"vip": vip})
+            await self.store.release_lease(LEASE_GROUP, vip, self.controller_id)
+            del self.loops[vip]
+            held.remove(vip)
+            excess -= 1
+        owned = []
+        for vip in held:
+            if await self.store.acquire_lease(LEASE_GROUP, vip, self.controller_id, ttl):
+                owned.append(vip)
+            else:
+                log.info("VIP leased by another controller; dropping it", extra={"vip": vip})
+                del self.loops[vip]
+        for vip in sorted(set(vips) - set(held), key=lambda v: (v not in preferred, v)):
+            if len(owned) >= share:
+                break
+            if await self.store.acquire_lease(LEASE_GROUP, vip, self.controller_id, ttl):
+                owned.append(vip)
+        return owned
 
     async def _loop(self, vip: str) -> ControlLoop:
         loop = self.loops.get(vip)

@@ -25,10 +25,12 @@ from knapsack_lb.names import validate_name
 
 # Group and component names shared by the writers (controllers, probe workers) and the readers (API)
 # Retention: the one source of these defaults (the configuration's ``redis`` block uses them too).
-# 720 rounds at the 5 s interval is an hour, more than the learner's 600 s window.
-DEFAULT_RETENTION_COUNT = 720
-DEFAULT_RETENTION_SECONDS = 3600.0
-DEFAULT_PLAN_HISTORY = 500
+# 120 rounds at the 5 s interval is 10 minutes, the learner's 600 s window (the controller keeps
+# its own evidence in its state; the stored rounds are for the API, the dashboard and debugging).
+# Sized so that a 60,000-DIP fleet fits in well under 8 GB of Redis: docs/sizing.md has the arithmetic.
+DEFAULT_RETENTION_COUNT = 120
+DEFAULT_RETENTION_SECONDS = 600.0
+DEFAULT_PLAN_HISTORY = 100
 CONTROLLER_LEASES = "controllers"  # lease group of the VIPs controllers own, and their heartbeats
 CONTROLLER_STATUS = "controller"  # status component the controllers report under
 PROBE_STATUS = "probe"  # status component the probe workers report under
