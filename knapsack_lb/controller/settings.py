@@ -53,9 +53,15 @@ class LoopSettings(_Group):
 
     interval: float = Field(5.0, gt=0, le=3600, description="Seconds between controller steps per VIP (paper: 5 s).")
     measurement_max_age: float = Field(15.0, gt=0, description="Probe rounds older than this are ignored (s).")
-    lease_ttl: float = Field(
-        15.0, gt=0, description="Seconds a controller's lease on a VIP lasts unrenewed; then another takes it over."
+    lease_ttl: float | None = Field(
+        None, gt=0, le=3600, description="Seconds a controller's lease on a VIP lasts unrenewed; then another takes "
+        "it over. Leases are renewed every third of it, also during a pass. Default: the interval, so that a dead "
+        "controller's VIPs are stepped by the others within two intervals."
     )
+
+    def lease_seconds(self) -> float:
+        """``lease_ttl``, or the interval when it is not set."""
+        return self.lease_ttl if self.lease_ttl is not None else self.interval
     on_stop: Literal["last-solved", "capacity", "equal", "keep"] = Field(
         "last-solved",
         description="The plan a stopping controller (SIGTERM, SIGINT) leaves each VIP's LB on: the last solved plan "

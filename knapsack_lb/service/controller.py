@@ -69,6 +69,8 @@ from knapsack_lb.store import CONTROLLER_LEASES, CONTROLLER_STATUS, LatencyStore
 from probes.assignment import assigned_to
 
 log = logging.getLogger(__name__)
+RENEWALS_PER_TTL = 3  # leases are renewed this many times per lease_ttl, also within a long pass
+CLOCK_SLACK = 1e-6  # seconds: a wait that ends this close to its target has reached it (float sums)
 
 LEASE_GROUP = CONTROLLER_LEASES
 IDENTITY_GROUP = "controller-ids"
@@ -121,6 +123,8 @@ class ControllerService:
     step_failures: int = 0
     store_ready: bool = True
     cpu_seconds: float = 0.0  # process CPU time spent in passes (stepping, store round trips, pushes)
+    renewed_at: float = -math.inf  # when the leases were last renewed (clock time)
+    leased: set[str] = field(default_factory=set)  # the VIPs whose leases this process holds
 
     def __post_init__(self) -> None:
         validate_name("controller_id", self.controller_id)
@@ -136,14 +140,11 @@ class ControllerService:
     async def tick(self) -> list[TickOutcome]:
         """One pass over the VIPs this process can lease."""
         self.rounds += 1
-        ttl = self.settings.loop.lease_ttl
-        if not await self.store.acquire_lease(IDENTITY_GROUP, self.controller_id, self.token, ttl):
-            log.error("controller id is held by another live process; waiting for its lease to expire",
-                      extra={"controller_id": self.controller_id})
-            self.loops.clear()
+        ttl = self.settings.loop.lease_seconds()
+        if not await self._claim_identity(ttl):
             return []
-        await self.store.heartbeat(LEASE_GROUP, self.controller_id, ttl)
         owned = await self._lease_share(sorted(await self.store.list_vips()), ttl)
+        self.leased = set(owned)
         for gone in set(self.loops) - set(owned):
             del self.loops[gone]
         self.adapters.retain(set(owned))
@@ -153,6 +154,11 @@ class ControllerService:
         started = time.process_time()
         now = _wall(self.clock)
         for vip in owned:
+            if self.clock.now() >= self.renewed_at + ttl / RENEWALS_PER_TTL - CLOCK_SLACK \
+                    and not await self.renew_leases():
+                break
+            if vip not in self.leased:  # lost to another controller at a renewal within this pass
+                continue
             try:
                 outcome = await (await self._loop(vip)).tick(now)
             except StalePlanError as exc:
@@ -177,6 +183,34 @@ class ControllerService:
             "step_cpu_seconds": round(self.cpu_seconds, 3),
         }, ttl)
         return outcomes
+
+    async def _claim_identity(self, ttl: float) -> bool:
+        """Hold this process's ``controller_id`` and announce it (heartbeat); False, with every loop
+        dropped, when another live process holds the id."""
+        if not await self.store.acquire_lease(IDENTITY_GROUP, self.controller_id, self.token, ttl):
+            log.error("controller id is held by another live process; waiting for its lease to expire",
+                      extra={"controller_id": self.controller_id})
+            self.loops.clear()
+            self.leased.clear()
+            return False
+        await self.store.heartbeat(LEASE_GROUP, self.controller_id, ttl)
+        self.renewed_at = self.clock.now()
+        return True
+
+    async def renew_leases(self) -> bool:
+        """Renew the identity, the heartbeat and the lease of every VIP this process runs, between
+        passes and within a long one (every ``lease_ttl / RENEWALS_PER_TTL``), so that a lease as short
+        as one interval never lapses while its holder is alive. A VIP whose lease another controller
+        holds now is dropped. False when the identity itself was lost."""
+        ttl = self.settings.loop.lease_seconds()
+        if not await self._claim_identity(ttl):
+            return False
+        for vip in sorted(self.leased):
+            if not await self.store.acquire_lease(LEASE_GROUP, vip, self.controller_id, ttl):
+                log.info("VIP leased by another controller; dropping it", extra={"vip": vip})
+                self.leased.discard(vip)
+                self.loops.pop(vip, None)
+        return True
 
     async def _lease_share(self, vips: list[str], ttl: float) -> list[str]:
         """Take or renew the leases of this process's share of ``vips``; the VIPs it holds now.
@@ -272,13 +306,12 @@ class ControllerService:
                 log.info("the store answers again; control resumed", extra={"controller_id": self.controller_id})
             self.store_ready, retry = True, RETRY_INITIAL
             done += 1
-            wait = max(0.0, self.settings.loop.interval - (self.clock.now() - started))
             if max_rounds is not None and done >= max_rounds:
                 break
-            await self._sleep(stop, wait)
+            await self._wait_renewing(stop, started + self.settings.loop.interval)
         if stop.is_set():
             await self.leave_safe_plans()
-        for vip in list(self.loops):
+        for vip in sorted(self.leased | set(self.loops)):
             with contextlib.suppress(KnapsackLBError, OSError, ConnectionError):
                 await self.store.release_lease(LEASE_GROUP, vip, self.controller_id)
         with contextlib.suppress(KnapsackLBError, OSError, ConnectionError):
@@ -301,6 +334,19 @@ class ControllerService:
                     "reason": outcome.plan.reasons[-1] if outcome.plan.reasons else ""})
             elif outcome.error:
                 log.warning("could not leave a safe plan on stop", extra={"vip": vip, "error": outcome.error})
+
+    async def _wait_renewing(self, stop: asyncio.Event, until: float) -> None:
+        """Sleep until ``until`` (the next pass), renewing the leases every ``lease_ttl / RENEWALS_PER_TTL``."""
+        step = self.settings.loop.lease_seconds() / RENEWALS_PER_TTL
+        due = self.renewed_at + step
+        while not stop.is_set() and self.clock.now() < until - CLOCK_SLACK:
+            await self._sleep(stop, max(0.0, min(until, due) - self.clock.now()))
+            if stop.is_set() or self.clock.now() >= until - CLOCK_SLACK:
+                return
+            if self.clock.now() >= due - CLOCK_SLACK:
+                with contextlib.suppress(StoreUnavailableError):  # the next pass waits the outage out
+                    await self.renew_leases()
+                due = self.clock.now() + step
 
     async def _sleep(self, stop: asyncio.Event, seconds: float) -> None:
         if isinstance(self.clock, SystemClock):

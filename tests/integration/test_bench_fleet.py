@@ -1,6 +1,6 @@
 """`klb bench fleet` on a tiny fleet: two real `klb controller` processes on a real Redis share six VIPs,
 every VIP gets a plan, the lag is measured, and after one controller is SIGKILLed the other steps its
-VIPs within two intervals (the controllers' lease lasts one interval here)."""
+VIPs within two intervals (the controllers' default lease: one interval, renewed every third)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ INTERVAL = 1.0
 
 
 def test_a_tiny_fleet_is_planned_shared_and_taken_over(fresh_redis: RedisServer, tmp_path: Path) -> None:
-    options = FleetBenchOptions(vips=6, dips=40, controllers=2, seconds=14.0, interval=INTERVAL, lease_ttl=INTERVAL,
+    options = FleetBenchOptions(vips=6, dips=40, controllers=2, seconds=14.0, interval=INTERVAL,
                                 redis=fresh_redis.url, join=False, kill=True, kill_at=0.5, probe_requests=20)
     result = run_fleet_bench(options, tmp_path / "out")
 
