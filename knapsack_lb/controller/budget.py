@@ -52,6 +52,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from knapsack_lb.errors import InvalidInputError
 
 LearningState = Literal["new", "measuring", "settled", "drained"]
@@ -127,22 +129,27 @@ def allocate(
     # v**2 / r**2: what the DIP already knows, in requests of its own spread (0 = nothing known)
     known = {d.name: (spread[d.name] / r) ** 2 if (r := _known(d.relative_stderr)) is not None else 0.0 for d in dips}
 
-    def share(name: str, t: float) -> float:
-        return min(float(high[name]), max(float(low[name]), spread[name] * t - known[name]))
+    v = np.array([spread[n] for n in names])
+    k = np.array([known[n] for n in names])
+    floors = np.array([low[n] for n in names], dtype=float)
+    caps = np.array([high[n] for n in names], dtype=float)
 
-    if sum(high.values()) <= total:
+    def share(t: float) -> np.ndarray:
+        return np.minimum(caps, np.maximum(floors, v * t - k))
+
+    if caps.sum() <= total:
         real = {n: float(high[n]) for n in names}  # every cap binds: the load shrinks, never grows
     else:
         lo, hi = 0.0, 1.0
-        while sum(share(n, hi) for n in names) < total:
+        while share(hi).sum() < total:
             hi *= 2
         for _ in range(_BISECTIONS):
             mid = (lo + hi) / 2
-            if sum(share(n, mid) for n in names) < total:
+            if share(mid).sum() < total:
                 lo = mid
             else:
                 hi = mid
-        real = {n: share(n, hi) for n in names}
+        real = dict(zip(names, share(hi).tolist(), strict=True))
     return _integers(real, low, high, total)
 
 
