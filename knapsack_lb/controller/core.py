@@ -164,6 +164,7 @@ class VipController:
         self.last_solved: WeightPlan | None = None  # the last solved plan the LB confirmed (the plan to stop on)
         self.in_force: dict[str, float] = {}  # the split the LB confirmed it carries ({}: not known yet)
         self.applied_at: float = -math.inf  # when the LB confirmed a change of the split (the drain clock)
+        self.paused_at: float = -math.inf  # the last step while the VIP was paused: older rounds teach nothing
         self.scheduled: dict[str, float] = {}
         self.version = 0
         self.drain_time = self.settings.drain.time
@@ -212,6 +213,8 @@ class VipController:
             if config.name != self.vip:
                 raise InvalidInputError("config.name", config.name, f"this controller runs VIP {self.vip!r}")
             reasons += self._sync([d.name for d in config.dips], now)
+            if config.paused:
+                self.paused_at = now
         reasons += self._drain_probe(now, observations)
         trusted = self._trusted(now, observations)
         reasons += self._failures(now, trusted)
@@ -405,6 +408,8 @@ class VipController:
                 continue
             if m.time < self.applied_at + self.drain_time - 1e-9:
                 continue
+            if m.time < self.paused_at + self.drain_time - 1e-9:
+                continue  # taken while paused, or before the operator's split drained: not a confirmed split
             if now - m.time > self.settings.loop.measurement_max_age:
                 continue
             if not self._stamp_agrees(name, m):

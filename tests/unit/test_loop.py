@@ -169,6 +169,24 @@ async def test_pause_computes_nothing_and_keeps_the_lb() -> None:
     assert await sink.read() == carried
 
 
+async def test_rounds_taken_while_paused_teach_nothing_after_the_resume() -> None:
+    """While a VIP is paused the LB carries the operator's split, not one the controller confirmed:
+    rounds taken then, or before that split drained, are not learned from when control resumes."""
+    lab, loop, _ = _lab_loop(settings=FAST.tuned(drain={"time": 3.0}))
+    lab.config = lab.config.model_copy(update={"paused": True})
+    for _ in range(3):
+        lab.now += 5.0
+        await loop.tick(lab.now)
+    paused_until = lab.now
+    resumed = lab.config.model_copy(update={"paused": False})
+    ctl = loop.controller
+    for taken in (paused_until - 1.0, paused_until + 1.0):  # during the pause; before the split drained
+        ctl.step(paused_until + 2.0, lab.model.measure(taken), config=resumed)
+        assert all(not d.evidence for d in ctl.dips.values()), taken
+    ctl.step(paused_until + 4.0, lab.model.measure(paused_until + 3.5), config=resumed)
+    assert all(d.evidence for d in ctl.dips.values())
+
+
 async def test_a_split_changed_behind_the_loops_back_is_reapplied() -> None:
     lab, loop, sink = _lab_loop("haproxy")
     for _ in range(40):
