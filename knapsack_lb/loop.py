@@ -271,6 +271,11 @@ class ControlLoop:
         await self._persist()
         return outcome
 
+    def count_from(self, traffic: Traffic | None, now: float) -> None:
+        """Take the LB's counters at ``now`` as the start of the first round's share (the lab starts
+        its LB at time 0, before the first tick); without it the first round carries no share."""
+        self._shares.update(traffic, now)
+
     async def _stamp_shares(self, sink: Sink, rounds: Mapping[str, Measurement], now: float,
                             ) -> Mapping[str, Measurement]:
         traffic = getattr(sink, "traffic", None)

@@ -183,6 +183,7 @@ class KnapsackDriver:
         for ev in self.sim.scenario.events:
             if ev.kind in OPERATOR_EVENTS:
                 self.sim.engine.at(ev.at, self._operator, ev)
+        self.loop.count_from(self._counters(), 0.0)
         self.klm.schedule(0.0)
         self.sim.engine.every(interval, self._step, until=self.sim.scenario.duration)
 
