@@ -59,7 +59,7 @@ from knapsack_lb.lab.demo.testbed import VIP, DemoTestbed
 from knapsack_lb.loop import split_distance
 from knapsack_lb.model import PlanMethod, WeightPlan
 from knapsack_lb.service.runner import ServiceRunner, api_component, controller_component, open_store, probe_component
-from knapsack_lb.store import LatencyStore
+from knapsack_lb.store import CONTROLLER_STATUS, LatencyStore
 
 STOP_AFTER_INTERVALS = 3  # klb is stopped this many controller intervals after it started, mid-learning
 RECOVERY_SECONDS = 6.0  # a restarted server needs a probe round to be seen answering before it ramps
@@ -295,12 +295,18 @@ class OpsTour:
         self._judge_stop(record, plan)
         version = plan.version if plan is not None else 0
 
+        restarted_at = time.time()
         record = await self._step(tb, store, reader, "restart", "start klb again", start)
         plan = await store.current_plan(VIP)
-        resumed = plan is not None and plan.version > version and is_solved(plan)
+        # the restarted klb steps the VIP from its stored state: a new plan only when the rounds since
+        # change it, else the solved plan in force stays (nothing is re-learned either way)
+        stepping = any(VIP in status.get("vips", ()) and float(status.get("time", 0.0)) >= restarted_at
+                       for status in (await store.statuses(CONTROLLER_STATUS)).values())
+        resumed = plan is not None and is_solved(plan) and (plan.version > version or stepping)
         self._judge(record, record.failed == 0 and resumed,
                     f"resumed from Redis: plan v{plan.version if plan else '-'} "
-                    f"({'solved' if resumed else 'not solved'}); {record.failed} failed")
+                    f"({'solved' if plan is not None and is_solved(plan) else 'not solved'}), klb "
+                    f"{'stepping the VIP' if stepping else 'not seen stepping the VIP'}; {record.failed} failed")
 
     async def _learn(self, tb: DemoTestbed, store: LatencyStore, reader: Any,
                      start: Callable[[], Awaitable[None]]) -> None:
