@@ -205,12 +205,21 @@ class ControllerService:
         ttl = self.settings.loop.lease_seconds()
         if not await self._claim_identity(ttl):
             return False
-        for vip in sorted(self.leased):
-            if not await self.store.acquire_lease(LEASE_GROUP, vip, self.controller_id, ttl):
+        self.leased = set(await self._renew_held(sorted(self.leased), ttl))
+        return True
+
+    async def _renew_held(self, vips: list[str], ttl: float) -> list[str]:
+        """Renew the leases of ``vips`` (held by this process); those another controller holds now are
+        dropped with their loops. The VIPs still held."""
+        held = []
+        for vip in vips:
+            if await self.store.acquire_lease(LEASE_GROUP, vip, self.controller_id, ttl):
+                held.append(vip)
+            else:
                 log.info("VIP leased by another controller; dropping it", extra={"vip": vip})
                 self.leased.discard(vip)
                 self.loops.pop(vip, None)
-        return True
+        return held
 
     async def _lease_share(self, vips: list[str], ttl: float) -> list[str]:
         """Take or renew the leases of this process's share of ``vips``; the VIPs it holds now.
@@ -236,13 +245,7 @@ class ControllerService:
             del self.loops[vip]
             held.remove(vip)
             excess -= 1
-        owned = []
-        for vip in held:
-            if await self.store.acquire_lease(LEASE_GROUP, vip, self.controller_id, ttl):
-                owned.append(vip)
-            else:
-                log.info("VIP leased by another controller; dropping it", extra={"vip": vip})
-                del self.loops[vip]
+        owned = await self._renew_held(held, ttl)
         for vip in sorted(set(vips) - set(held), key=lambda v: (v not in preferred, v)):
             if len(owned) >= share:
                 break
