@@ -406,10 +406,10 @@ class VipController:
             dip = self.dips.get(name)
             if dip is None or m.time <= dip.last_round or m.time > now + 1e-9:
                 continue
-            if m.time < self.applied_at + self.drain_time - 1e-9:
+            # before the last change of the split drained: one the controller applied, or the operator's
+            # while the VIP was paused (rounds then were not taken at a confirmed split)
+            if m.time < max(self.applied_at, self.paused_at) + self.drain_time - 1e-9:
                 continue
-            if m.time < self.paused_at + self.drain_time - 1e-9:
-                continue  # taken while paused, or before the operator's split drained: not a confirmed split
             if now - m.time > self.settings.loop.measurement_max_age:
                 continue
             if not self._stamp_agrees(name, m):
