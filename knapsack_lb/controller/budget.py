@@ -27,10 +27,14 @@ Bounds per DIP:
 
 * **the total**: ``B`` = the configured uniform share x the number of DIPs: the VIP's probe load
   never grows (it may shrink when caps bind everywhere);
-* **the cap**: at most ``load_cap`` (default 3 %) of the DIP's estimated capacity over one
-  interval, ``load_cap x capacity (requests/s) x interval``; a DIP whose capacity is not known gets
-  at most the uniform share, so the allocator never probes a DIP harder than the uniform default
-  unless it knows the DIP can take it;
+* **the cap**: ``load_cap`` (default 3 %) of the DIP's capacity over one interval,
+  ``load_cap x capacity (requests/s) x interval``, read against the uniform share in both
+  directions with the evidence each needs: the cap rises above the uniform share only as far as
+  the *lower confidence bound* of the capacity allows (never probe a DIP harder than the uniform
+  default unless it is known to take it), and falls below it as far as the *best estimate* says
+  (a DIP seen to saturate early is known to be small; one whose lower bound is low only because
+  its latency has not risen yet keeps the uniform share, which is what it got before any
+  learning). A DIP whose capacity is not known at all is capped at the uniform share;
 * **the floor**: every DIP keeps ``floor`` requests (default 3, at most the uniform share, and at
   most its cap but never below 1) so that failures and changes are still seen;
 * a **drained** DIP (drained by the operator, failed, or ejected: out of service, probed only to
@@ -70,7 +74,8 @@ class DipUncertainty:
     ``relative_stderr``: standard error / mean of its latency estimate at the weight it is run (or
     measured) at; ``None`` when no round was taken there (nothing known: infinite).
     ``spread``: standard deviation / mean of one probe request's latency (``None``: 1).
-    ``capacity``: requests per second it can serve (``None``: unknown).
+    ``capacity``: requests per second it can serve, the best estimate (``None``: unknown).
+    ``capacity_low``: a lower confidence bound of it (``None``: the same as ``capacity``).
     ``state``: new (no round yet), measuring, settled, or drained (out of service: floor only)."""
 
     name: str
@@ -78,6 +83,7 @@ class DipUncertainty:
     relative_stderr: float | None = None
     spread: float | None = None
     capacity: float | None = None
+    capacity_low: float | None = None
 
 
 def _known(value: float | None) -> float | None:
@@ -119,9 +125,7 @@ def allocate(
     high: dict[str, int] = {}
     low: dict[str, int] = {}
     for d in dips:
-        capacity = _known(d.capacity)
-        cap = math.floor(load_cap * capacity * interval) if capacity is not None else uniform
-        high[d.name] = max(1, cap)
+        high[d.name] = max(1, _cap(d, uniform, load_cap * interval))
         low[d.name] = max(1, min(floor, uniform, high[d.name]))
         if d.state == "drained":
             high[d.name] = low[d.name]
@@ -151,6 +155,15 @@ def allocate(
                 hi = mid
         real = dict(zip(names, share(hi).tolist(), strict=True))
     return _integers(real, low, high, total)
+
+
+def _cap(dip: DipUncertainty, uniform: int, per_capacity: float) -> int:
+    """The most requests ``dip`` may get: above ``uniform`` by its capacity's lower bound, below it by
+    its best estimate (``per_capacity`` = load cap x interval: requests per request/s of capacity)."""
+    best = _known(dip.capacity)
+    low = _known(dip.capacity_low) if dip.capacity_low is not None else best
+    cap = max(uniform, math.floor(per_capacity * low)) if low is not None else uniform
+    return min(cap, math.floor(per_capacity * best)) if best is not None else cap
 
 
 def _integers(real: Mapping[str, float], low: Mapping[str, int], high: Mapping[str, int], total: int,

@@ -272,7 +272,8 @@ class VipController:
         the relative standard error of its rounds at the weight it carries (pooled, scaled by the fit's
         dispersion, at least the model's 1 %; unknown with no round there, and always with
         ``algorithm1``, which keeps no per-round errors), the relative spread of one request in its
-        newest round, its capacity."""
+        newest round, its capacity (best estimate: the curve's saturation; lower bound: its cap or the
+        weight it carries, whichever is larger) in requests per second."""
         carried = self._carried()
         drained = set(config.drained)
         out = []
@@ -295,8 +296,13 @@ class VipController:
                 stderr = max(MODEL_ERROR, here.stderr * math.sqrt(dip.dispersion) / here.mean)
             newest = next((e for e in reversed(dip.evidence) if e.n >= 2 and 0 < e.mean < math.inf), None)
             spread = newest.std / newest.mean if newest is not None else None
-            capacity = max(dip.w_max, weight) * rate if rate is not None and dip.ready else None
-            out.append(DipUncertainty(name, state, stderr, spread, capacity))
+            best = low = None
+            if rate is not None and dip.ready:
+                # an overloaded DIP carries more than it can: only its cap bounds it from below
+                low = (dip.w_max if dip.overloaded else max(dip.w_max, weight)) * rate
+                saturation = dip.curve_obj().upper_bound  # Algorithm 1's curves have none: w_max is their estimate
+                best = max(saturation * rate, low) if math.isfinite(saturation) else low
+            out.append(DipUncertainty(name, state, stderr, spread, best, low))
         return out
 
     # --- state -------------------------------------------------------------------------------

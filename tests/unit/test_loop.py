@@ -347,7 +347,7 @@ async def test_rounds_are_placed_at_the_share_the_lb_counted() -> None:
 async def test_the_probe_budget_is_stored_uniform_without_a_request_rate_and_capped_with_one() -> None:
     """Each tick stores how many probe requests each DIP gets next round. Without the LB's request
     counters no DIP's capacity is known, so none gets more than requests_per_round (the total is
-    kept); with them each DIP gets at most 3 % of its capacity over an interval."""
+    kept); with them each DIP gets at most 3 % of its estimated capacity over an interval."""
     lab, loop, sink = _lab_loop()
     store = loop.state
     assert isinstance(store, MemoryLatencyStore)
@@ -367,7 +367,8 @@ async def test_the_probe_budget_is_stored_uniform_without_a_request_rate_and_cap
     ctl = loop.controller
     assert set(budget) == set(lab.model.names) and sum(budget.values()) <= uniform * len(budget)
     for name, count in budget.items():
-        capacity = max(ctl.dips[name].w_max, ctl.in_force[name]) * lab.model.total_rate
+        dip = ctl.dips[name]  # its best estimate of capacity: its curve's saturation
+        capacity = max(dip.curve_obj().upper_bound, dip.w_max, ctl.in_force[name]) * lab.model.total_rate
         assert 1 <= count <= max(FAST.breaker.min_requests, 0.03 * capacity * lab.config.probe.interval)
     assert budget != dict.fromkeys(lab.model.names, uniform)
 

@@ -81,6 +81,16 @@ def test_the_total_never_exceeds_the_vips_total(uniform: int) -> None:
     assert all(n >= 1 for n in budget.values())
 
 
+def test_the_cap_rises_on_the_lower_bound_and_falls_on_the_best_estimate() -> None:
+    # 3 % x 5 s = 0.15 requests per request/s of capacity; the uniform share is 20
+    unseen = _settled("unseen", 0.5, capacity=1e6, capacity_low=20.0)  # low bound 3 requests: not seen small
+    small = _settled("small", 0.5, capacity=40.0, capacity_low=20.0)  # seen to saturate at 40/s: 6 requests
+    big = _settled("big", 0.5, capacity=1e6, capacity_low=1000.0)  # known to take 150
+    budget = allocate([unseen, small, big], uniform=20, interval=5.0)
+    assert budget["unseen"] == 20 and budget["small"] == 6
+    assert budget["big"] == 60 - 20 - 6
+
+
 def test_when_every_cap_binds_the_load_shrinks() -> None:
     dips = [_settled(n, 0.1, capacity=100.0) for n in "ab"]  # 3 % of 100/s x 5 s = 15
     assert allocate(dips, uniform=100, interval=5.0) == {"a": 15, "b": 15}
