@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 from knapsack_lb.controller.core import VipController
-from knapsack_lb.errors import KnapsackLBError, short_repr
+from knapsack_lb.errors import KnapsackLBError, StalePlanError, short_repr
 from knapsack_lb.model import ApplyResult, Measurement, Traffic, VipConfig, WeightPlan
 from knapsack_lb.quantise import quantiser
 from knapsack_lb.store import InForce, LatencyStore
@@ -155,6 +155,8 @@ class StateSink(Protocol):
     async def put_in_force(self, vip: str, in_force: InForce) -> None: ...
 
     async def put_probe_budget(self, vip: str, budget: Mapping[str, int], ttl: float) -> None: ...
+
+    async def current_plan(self, vip: str) -> WeightPlan | None: ...
 
 
 @dataclass
@@ -299,6 +301,10 @@ class ControlLoop:
         carried = await sink.read()
         if carried is None or split_distance(carried, ctl.in_force) <= DRIFT_TOLERANCE:
             return
+        if self.state is not None:  # the fence: a newer plan in the store is another owner's, not drift
+            stored = await self.state.current_plan(self.vip)
+            if stored is not None and stored.version > ctl.plan.version:
+                raise StalePlanError(self.vip, ctl.plan.version, stored.version)
         log.warning("the load balancer carries another split than the confirmed plan (an edit or a reload "
                     "behind the controller's back); re-applying",
                     extra={"vip": self.vip, "distance": round(split_distance(carried, ctl.in_force), 4),

@@ -10,6 +10,7 @@ import pytest
 
 from knapsack_lb.controller.core import VipController, is_solved
 from knapsack_lb.controller.settings import ControllerSettings
+from knapsack_lb.errors import StalePlanError
 from knapsack_lb.lab.fluid import FluidLab, FluidModel, vip_config
 from knapsack_lb.loop import (
     ControlLoop,
@@ -21,7 +22,7 @@ from knapsack_lb.loop import (
     run_now,
     split_distance,
 )
-from knapsack_lb.model import Measurement, Traffic, VipConfig
+from knapsack_lb.model import Measurement, Traffic, VipConfig, WeightPlan
 from knapsack_lb.quantise import QUANTISERS
 from knapsack_lb.store.memory import MemoryLatencyStore
 from tests.unit.controller.loop import ALGORITHM1, FAST, small_pool
@@ -201,6 +202,24 @@ async def test_a_split_changed_behind_the_loops_back_is_reapplied() -> None:
         outcome = await loop.tick(lab.now)
         reapplied |= outcome.reapplied
     assert reapplied and split_distance(await sink.read() or {}, loop.controller.in_force) < 0.01
+
+
+async def test_a_newer_plan_in_the_store_is_another_owners_not_drift_to_undo() -> None:
+    """A controller that was frozen while another took its VIP over sees the LB on the newer owner's
+    split: re-applying its own older plan would undo the new owner's work, so it steps back."""
+    lab, loop, sink = _lab_loop("haproxy")
+    await _tick(lab, loop, 10)
+    assert isinstance(sink, QuantisingSink) and loop.state is not None and loop.controller.plan is not None
+    mine = loop.controller.plan
+    newer = WeightPlan(mine.vip, {n: (1.0 if n == "a" else 0.0) for n in mine.weights}, version=mine.version + 5,
+                       computed_at=lab.now)
+    await loop.state.put_plan(newer)
+    sink.carried = dict(newer.weights)  # the new owner pushed it
+    loop.controller.step = lambda *args, **kwargs: None  # type: ignore[method-assign]  # nothing new: only the drift
+    with pytest.raises(StalePlanError):
+        for _ in range(3):
+            await _tick(lab, loop)
+    assert sink.carried == newer.weights  # nothing was pushed over it
 
 
 async def test_rounds_stamped_with_another_split_are_not_learned_from() -> None:
