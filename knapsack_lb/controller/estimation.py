@@ -247,7 +247,9 @@ def estimate(
     drop_weights = [r.weight for r in drops if r.weight > 0]
     w_drop = min(drop_weights, default=math.inf)
     # a weight that overloaded the DIP: back off below it, to half of it or the last clean weight under it
-    bound = max(BACKOFF * w_drop, max((w for w in ws if 0 < w < w_drop), default=0.0)) if drop_weights else math.inf
+    # (a clean round at the drop's own weight, within ``tolerance``, is no weight below it: the drop is the news)
+    below = max((w for w in ws if 0 < w < w_drop * (1 - tolerance)), default=0.0)
+    bound = max(BACKOFF * w_drop, below) if drop_weights else math.inf
     if len(ws) < 2:
         if not drop_weights or unloaded is None:
             return None

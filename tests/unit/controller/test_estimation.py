@@ -119,6 +119,14 @@ def test_an_overload_backs_off_from_the_weight_that_caused_it() -> None:
     assert only is not None and only.cap == pytest.approx(BACKOFF * 0.3)
 
 
+def test_a_clean_round_at_the_drops_own_weight_does_not_stop_the_backoff() -> None:
+    """Clean at 0.275, overloaded at 0.277 (the same weight within the tolerance): the cap falls to
+    half of the drop or the last clean weight *below* it (0.12), not to 0.275."""
+    rounds = [_round(0, 0.12, 0.011), _round(5, 0.275, 0.030), _round(10, 0.277, 0.5, failed=0.5)]
+    est = estimate(rounds, 0.010, **KW, floor=0.05)
+    assert est is not None and est.overloaded and est.cap <= BACKOFF * 0.277 + 1e-9
+
+
 def test_the_drop_level_comes_from_pooled_rounds_not_the_luckiest_one() -> None:
     """Three five-probe rounds at one light weight average 10 ms, the luckiest 4 ms: a round at
     45 ms is 4.5x the unloaded latency (no drop), not 11x the luckiest round."""
