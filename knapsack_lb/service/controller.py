@@ -210,14 +210,13 @@ class ControllerService:
 
     async def _renew_held(self, vips: list[str], ttl: float) -> list[str]:
         """Renew the leases of ``vips`` (held by this process); those another controller holds now are
-        dropped with their loops. The VIPs still held."""
+        dropped with their loops. The VIPs still held (the callers set :attr:`leased` from it)."""
         held = []
         for vip in vips:
             if await self.store.acquire_lease(LEASE_GROUP, vip, self.controller_id, ttl):
                 held.append(vip)
             else:
                 log.info("VIP leased by another controller; dropping it", extra={"vip": vip})
-                self.leased.discard(vip)
                 self.loops.pop(vip, None)
         return held
 
