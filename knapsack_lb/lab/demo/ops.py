@@ -66,6 +66,7 @@ RECOVERY_SECONDS = 6.0  # a restarted server needs a probe round to be seen answ
 CHUNK_SECONDS = 10.0  # load-generator runs of a step that may end early (learning)
 SLOW_START_FIRST = 0.05  # a returning DIP's first weight may be this small share of the VIP ...
 SLOW_START_FIRST_SHARE = 0.5  # ... or at most this fraction of the share it carried before it left
+PLAN_HISTORY = 1000  # plans the tour keeps in Redis and in its report (a quick tour stores a few hundred)
 SETTLED_CHANGE = 0.02  # learning has settled when no weight moves by this much for settle_seconds
 FAILED_DIP, DRAINED_DIP, REMOVED_DIP = "dip-3", "dip-2", "dip-4"
 
@@ -136,13 +137,15 @@ class OpsTour:
         self.token = secrets.token_hex(16)
         self.records: list[StepRecord] = []
         self.latency_trace: list[tuple[float, float, int]] = []  # (seconds since start, latency, status)
+        self.plans: list[dict[str, Any]] = []  # every plan klb stored, oldest first (seconds since start)
+        self.curves: dict[str, Any] = {}  # the curves klb held at the end
         self._t0 = 0.0
 
     # --- the service ------------------------------------------------------------------------
     def klb_config(self, tb: DemoTestbed) -> KlbConfig:
         s = self.settings
         raw: dict[str, Any] = {
-            "redis": {"url": tb.redis.url, "namespace": "ops"},
+            "redis": {"url": tb.redis.url, "namespace": "ops", "plan_history": PLAN_HISTORY},
             "load_balancers": {"haproxy": {"adapter": "haproxy", "settings": tb.lb.adapter_settings}},
             "vips": [{
                 "name": VIP, "objective": "mean", "adapter": {"lb": "haproxy"},
@@ -192,6 +195,9 @@ class OpsTour:
                     service["runner"].request_stop("tour finished")
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(service["task"], timeout=20.0)
+                with contextlib.suppress(Exception):
+                    self.plans = [self._plan_entry(p) for p in await store.plan_history(VIP, PLAN_HISTORY)]
+                    self.curves = {name: record.curve for name, record in (await store.curves(VIP)).items()}
                 await store.close()
         return self.records
 
@@ -429,6 +435,11 @@ class OpsTour:
         for arrival, value, code in zip(samples.get("arrival", []), latency, status, strict=False):
             self.latency_trace.append((record.started + float(arrival), float(value), int(code)))
 
+    def _plan_entry(self, plan: WeightPlan) -> dict[str, Any]:
+        started = self._t0 + time.time() - time.monotonic()  # the tour's start on the wall clock
+        return {"version": plan.version, "at": round(plan.computed_at - started, 2), "method": str(plan.method),
+                "weights": {n: round(w, 4) for n, w in plan.weights.items()}, "reasons": list(plan.reasons)}
+
     # --- checks -------------------------------------------------------------------------------
     @staticmethod
     def _judge(record: StepRecord, passed: bool, check: str) -> None:
@@ -551,7 +562,7 @@ def run_ops(settings: OpsSettings, out_dir: Path, console: Console | None = None
     records = asyncio.run(tour.run())
     console.print(ops_table(records))
     report = {"settings": asdict(settings), "steps": [asdict(r) | {"lb_shares": r.lb_shares[-1:]} for r in records],
-              "passed": all(r.passed is not False for r in records)}
+              "passed": all(r.passed is not False for r in records), "plans": tour.plans, "curves": tour.curves}
     (out_dir / "ops-report.json").write_text(json.dumps(report, indent=1, default=str))
     plot = plot_ops(records, tour.latency_trace, out_dir / "ops.png")
     console.print(f"wrote {out_dir / 'ops-report.json'} and {plot}", highlight=False)
