@@ -148,7 +148,7 @@ class StateSink(Protocol):
 
     async def put_plan(self, plan: WeightPlan) -> None: ...
 
-    async def put_curves(self, vip: str, curves: Any) -> None: ...
+    async def put_curves(self, vip: str, curves: Any, replace: bool = False) -> None: ...
 
     async def put_controller_state(self, vip: str, state: Mapping[str, Any]) -> None: ...
 
@@ -229,7 +229,8 @@ class ControlLoop:
         outcome.plan = ctl.step(now, rounds, config=config, remeasure=observation.remeasure)
         if outcome.plan is not None and self.state is not None:
             await self.state.put_plan(outcome.plan)
-            await self.state.put_curves(self.vip, ctl.curve_records())
+            # the controller's curves replace the stored ones: a DIP removed from the VIP leaves no stale curve
+            await self.state.put_curves(self.vip, ctl.curve_records(), replace=True)
         if config.dry_run:
             outcome.skipped = "dry run"
             if outcome.plan is not None:

@@ -401,3 +401,12 @@ async def test_no_probe_budget_in_dry_run_or_with_the_uniform_allocation() -> No
     lab.config = lab.config.model_copy(update={"dry_run": True})
     await _tick(lab, loop, 2)
     assert await loop.state.probe_budget("vip") is None  # type: ignore[union-attr]
+
+
+async def test_a_dip_removed_from_the_vip_leaves_no_stale_curve_in_the_store() -> None:
+    lab, loop, _ = _lab_loop("haproxy")
+    await _tick(lab, loop, 10)
+    assert loop.state is not None and set(await loop.state.curves("vip")) == {"a", "b", "c", "d"}
+    lab.config = vip_config("vip", ["a", "b", "c"])
+    await _tick(lab, loop, 3)
+    assert set(await loop.state.curves("vip")) == {"a", "b", "c"}
