@@ -53,7 +53,7 @@ from rich.table import Table
 from adapters.base import make_adapter
 from knapsack_lb.config import KlbConfig, parse_config
 from knapsack_lb.controller.core import is_solved
-from knapsack_lb.lab.demo.runner import run_loadgen
+from knapsack_lb.lab.demo.runner import controller_snapshot, run_loadgen
 from knapsack_lb.lab.demo.settings import DemoSettings
 from knapsack_lb.lab.demo.testbed import VIP, DemoTestbed
 from knapsack_lb.loop import split_distance
@@ -137,8 +137,8 @@ class OpsTour:
         self.token = secrets.token_hex(16)
         self.records: list[StepRecord] = []
         self.latency_trace: list[tuple[float, float, int]] = []  # (seconds since start, latency, status)
-        self.plans: list[dict[str, Any]] = []  # every plan klb stored, oldest first (seconds since start)
-        self.curves: dict[str, Any] = {}  # the curves klb held at the end
+        self.controller: dict[str, Any] = {}  # what klb did and held at the end (runner.controller_snapshot)
+        self.started_at = 0.0  # the tour's start on the wall clock (plans carry wall-clock times)
         self._t0 = 0.0
 
     # --- the service ------------------------------------------------------------------------
@@ -186,7 +186,7 @@ class OpsTour:
             config = self.klb_config(tb)
             store = open_store(config.redis)
             reader = make_adapter("haproxy", tb.lb.adapter_settings)
-            self._t0 = time.monotonic()
+            self._t0, self.started_at = time.monotonic(), time.time()
             service: dict[str, Any] = {}
             try:
                 await self._steps(tb, config, store, reader, service)
@@ -196,8 +196,7 @@ class OpsTour:
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(service["task"], timeout=20.0)
                 with contextlib.suppress(Exception):
-                    self.plans = [self._plan_entry(p) for p in await store.plan_history(VIP, PLAN_HISTORY)]
-                    self.curves = {name: record.curve for name, record in (await store.curves(VIP)).items()}
+                    self.controller = await controller_snapshot(store, VIP, PLAN_HISTORY)
                 await store.close()
         return self.records
 
@@ -435,11 +434,6 @@ class OpsTour:
         for arrival, value, code in zip(samples.get("arrival", []), latency, status, strict=False):
             self.latency_trace.append((record.started + float(arrival), float(value), int(code)))
 
-    def _plan_entry(self, plan: WeightPlan) -> dict[str, Any]:
-        started = self._t0 + time.time() - time.monotonic()  # the tour's start on the wall clock
-        return {"version": plan.version, "at": round(plan.computed_at - started, 2), "method": str(plan.method),
-                "weights": {n: round(w, 4) for n, w in plan.weights.items()}, "reasons": list(plan.reasons)}
-
     # --- checks -------------------------------------------------------------------------------
     @staticmethod
     def _judge(record: StepRecord, passed: bool, check: str) -> None:
@@ -562,7 +556,7 @@ def run_ops(settings: OpsSettings, out_dir: Path, console: Console | None = None
     records = asyncio.run(tour.run())
     console.print(ops_table(records))
     report = {"settings": asdict(settings), "steps": [asdict(r) | {"lb_shares": r.lb_shares[-1:]} for r in records],
-              "passed": all(r.passed is not False for r in records), "plans": tour.plans, "curves": tour.curves}
+              "passed": all(r.passed is not False for r in records), "started_at": tour.started_at, **tour.controller}
     (out_dir / "ops-report.json").write_text(json.dumps(report, indent=1, default=str))
     plot = plot_ops(records, tour.latency_trace, out_dir / "ops.png")
     console.print(f"wrote {out_dir / 'ops-report.json'} and {plot}", highlight=False)

@@ -101,6 +101,18 @@ async def run_loadgen(tb: DemoTestbed, settings: DemoSettings, duration: float, 
     return data
 
 
+async def controller_snapshot(store: LatencyStore, vip: str, plans: int) -> dict[str, Any]:
+    """What the controller did and holds: its last ``plans`` plans (oldest first, with their reasons),
+    its stored state and its curves."""
+    history = await store.plan_history(vip, limit=plans)
+    return {
+        "plans": [{"version": p.version, "computed_at": p.computed_at, "weights": dict(p.weights),
+                   "flags": list(p.flags), "method": p.method, "reasons": list(p.reasons)} for p in history],
+        "state": await store.controller_state(vip),
+        "curves": {name: repr(record) for name, record in (await store.curves(vip)).items()},
+    }
+
+
 def is_learned(plan: WeightPlan | None) -> bool:
     """A solved plan (not an Algorithm 1 measurement schedule, not an equal split)."""
     return plan is not None and is_solved(plan)
@@ -173,16 +185,7 @@ class DemoRun:
 
     async def _dump_controller(self, store: LatencyStore, path: Path) -> None:
         """Plan history, controller state and curves, for a look at what the controller did."""
-        plans = await store.plan_history(VIP, limit=500)
-        state = await store.controller_state(VIP)
-        curves = await store.curves(VIP)
-        data = {
-            "plans": [{"version": p.version, "computed_at": p.computed_at, "weights": dict(p.weights),
-                       "flags": list(p.flags), "method": p.method, "reasons": list(p.reasons)} for p in plans],
-            "state": state,
-            "curves": {name: repr(record) for name, record in curves.items()},
-        }
-        path.write_text(json.dumps(data, indent=1, default=str))
+        path.write_text(json.dumps(await controller_snapshot(store, VIP, 500), indent=1, default=str))
 
     async def _phase(self, index: int, phase: Phase, tb: DemoTestbed, store: LatencyStore, adapter: Any,
                      view: LiveView, service: asyncio.Task[int], runner: ServiceRunner) -> None:
