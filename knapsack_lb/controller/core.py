@@ -87,6 +87,11 @@ START_SHARE = 0.25
 # The learner refits every round: a new plan that moves no weight by this much (about half of HAProxy's
 # 1/256 weight step) is not sent; the LB keeps the last one.
 LEARNED_CHANGE = 0.002
+# The learner: when the DIPs' caps cannot carry the VIP they are all stretched by one factor, to carry this
+# much more than the VIP needs; the solver then places the excess by the curves (a DIP seen at its knee
+# takes little of it, one seen far below its knee much), where stretching them just to cover the VIP left
+# it no choice and pushed the DIPs whose caps were tight past their knees (docs/decisions/controller.md).
+STRETCH_FREEDOM = 1.25
 # The guard restores the previous plan when the new one measures this much worse, beyond noise.
 GUARD_THRESHOLD = 0.05
 # The probe budget: rounds within this relative distance of the weight a DIP carries now count as taken
@@ -1068,8 +1073,9 @@ class VipController:
         cap_sum = capacity(limits)
         free_total = 1.0 - sum(w for n, w in pins.items() if n in self.dips and n not in ready)
         if self._estimating and ready and cap_sum < free_total - 1e-9:
-            # the pool needs more than the DIPs' safe bounds: every bound stretched by the same factor
-            stretch = (free_total - pinned) / max(cap_sum - pinned, 1e-12) * (1 + 1e-3)
+            # the pool needs more than the DIPs' safe bounds: every bound stretched by the same factor, with
+            # room for the solver to choose
+            stretch = (free_total - pinned) / max(cap_sum - pinned, 1e-12) * STRETCH_FREEDOM
             limits = {n: self._limit(n, w * stretch) for n, w in limits.items()}
             if self._curves_changed:
                 reasons = [*reasons, f"safe bounds sum to {cap_sum:.3f} < {free_total:.3f}: each stretched "
