@@ -67,7 +67,9 @@ async def test_a_master_killed_while_rounds_are_written_is_replaced_and_the_stor
     writes stall, then succeed. With 4 s it does not: writes fail, and only ever with
     StoreUnavailableError (what the probe worker buffers on), until the replica takes over."""
     cluster = fresh_redis_cluster
-    store = _cluster_store(cluster, socket_timeout=0.5)
+    # every round is kept: the count below is of rounds the failover lost, not of rounds retention trimmed (a slow
+    # promotion check lets the writer store more than the default 120 rounds, and the oldest would go)
+    store = _cluster_store(cluster, socket_timeout=0.5, retention_count=100_000)
     written: list[float] = []  # round times the store acknowledged
     failures: list[BaseException] = []
     longest_write = 0.0
