@@ -150,7 +150,7 @@ class DemoTestbed:
             }],
             "controller": {
                 # the live demo learns with the paper's Algorithm 1: on its 5-request layer-4 rounds the default
-                # learner's safe bounds cover 0.6-0.8 of the VIP, so its plans keep moving (docs/results/demo.md)
+                # learner's safe bounds cover 0.6-0.9 of the VIP, so its plans keep moving (docs/results/demo.md)
                 "learning": {"method": "algorithm1"},
                 "loop": {"interval": s.controller_interval, "measurement_max_age": max(15.0, 4 * s.probe_interval)},
                 "drain": {"time": s.drain_time, "measure_period": 0.0},
