@@ -5,7 +5,7 @@ configuration :meth:`DemoTestbed.klb_config` generates. The VIP starts *paused* 
 computes and pushes nothing) so the two baseline phases run HAProxy's own algorithms with equal
 weights while the probes already measure (the same probe load in every phase). For KnapsackLB
 the runner unpauses the VIP: the controller learns during a learning period whose traffic is
-not counted (solved plans from the first rounds on, until they stop moving for two plan cycles),
+not counted (solved plans from the first rounds on, until they stop moving for ``settle_seconds``),
 and keeps running during the counted phase. For the HTTP phase the VIP
 is paused again so the weights stay at the learned plan.
 
@@ -251,8 +251,8 @@ class DemoRun:
     async def _learn(self, tb: DemoTestbed, store: LatencyStore, adapter: Any, view: LiveView,
                      runner: ServiceRunner) -> None:
         """Traffic while the controller learns; ends once a solved plan has moved no weight by
-        ``SETTLED_CHANGE`` for the settle window (``settle_seconds``, at least two plan cycles; at least
-        ``learn_min_seconds`` in all, at most ``learn_max_seconds``). Not counted."""
+        ``SETTLED_CHANGE`` for ``settle_seconds`` (at least ``learn_min_seconds``, at most
+        ``learn_max_seconds``). Not counted."""
         s = self.settings
         view.message(f"[bold]learning[/bold]: KnapsackLB controller unpaused (learning from every round); traffic "
                      f"not counted, {s.learn_min_seconds:g}-{s.learn_max_seconds:g} s")
@@ -292,7 +292,7 @@ class DemoRun:
             if runner.stop.is_set():
                 return True
             return elapsed >= s.learn_min_seconds and learned_at is not None and \
-                time.monotonic() - state["changed_at"] >= s.settle_window
+                time.monotonic() - state["changed_at"] >= s.settle_seconds
 
         await run_loadgen(tb, s, s.learn_max_seconds, 0.0, s.seed * 1000 + 99,
                           self.out_dir / "run" / "load-learning.json", progress, stop_when=done)

@@ -76,19 +76,6 @@ class DemoSettings:
         return replace(base, **overrides)
 
     @property
-    def plan_cycle(self) -> float:
-        """Seconds from a new plan to the controller's next decision on it: the drain time, one probe
-        round and one controller step."""
-        return self.drain_time + self.probe_interval + self.controller_interval
-
-    @property
-    def settle_window(self) -> float:
-        """How long no learned weight may move before a phase is counted: ``settle_seconds``, and at
-        least two plan cycles (a shorter window passes between two plans of a controller that is still
-        moving its weights)."""
-        return max(self.settle_seconds, 2 * self.plan_cycle)
-
-    @property
     def names(self) -> list[str]:
         return [f"dip-{i + 1}" for i in range(len(self.capacities))]
 

@@ -22,13 +22,6 @@ def test_settings_rates_and_probe_share() -> None:
     assert quick.quick and quick.seed == 7 and quick.phase_seconds < s.phase_seconds
 
 
-def test_the_settle_window_spans_two_plan_cycles() -> None:
-    quick = DemoSettings.quick_preset()  # drain 5 s + probe round 2 s + controller step 2 s
-    assert quick.plan_cycle == pytest.approx(9.0)
-    assert quick.settle_window == pytest.approx(18.0)  # not its 6 s: plans come 9 s apart
-    assert DemoSettings(settle_seconds=40.0).settle_window == pytest.approx(40.0)
-
-
 @pytest.mark.parametrize("field,value", [("load", 1.2), ("connections", 0), ("capacities", (1.0,)),
                                          ("distribution", "uniform"), ("warmup_seconds", 100.0)])
 def test_settings_reject_bad_values_naming_the_field(field: str, value: object) -> None:
