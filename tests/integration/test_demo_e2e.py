@@ -2,8 +2,8 @@
 probes + controller + API in-process) - HAProxy carries the controller's weights and KnapsackLB
 lowers the mean latency compared with HAProxy's roundrobin.
 
-Short and small (about two and a half minutes, most of it the controller learning, up to 150 s of
-it on a busy machine): the paper's 3-DIP pool (capacities 1, 0.8, 0.6) at 65 % load, 25 s phases,
+Short and small (about three minutes, most of it the controller learning, up to 150 s of it on a
+busy machine, and at most two runs): the paper's 3-DIP pool (capacities 1, 0.8, 0.6) at 65 % load, 25 s phases,
 short connection lifetimes and drain time. The default demo's numbers are the README's, measured by
 `make demo`, not asserted here.
 """
@@ -24,6 +24,10 @@ from knapsack_lb.lab.procs import require_binary
 def _tv(a: dict[str, float], b: dict[str, float]) -> float:
     names = set(a) | set(b)
     return 0.5 * sum(abs(a.get(n, 0.0) - b.get(n, 0.0)) for n in names)
+
+
+# two runs of up to 150 s of learning, 50 s of phases and the testbed's start and stop each
+pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")

@@ -55,6 +55,7 @@ from knapsack_lb.config import KlbConfig, parse_config
 from knapsack_lb.controller.core import is_solved
 from knapsack_lb.lab.demo.runner import controller_snapshot, run_loadgen
 from knapsack_lb.lab.demo.settings import DemoSettings
+from knapsack_lb.lab.demo.settle import SettleWatch
 from knapsack_lb.lab.demo.testbed import VIP, DemoTestbed
 from knapsack_lb.loop import split_distance
 from knapsack_lb.model import PlanMethod, WeightPlan
@@ -67,7 +68,6 @@ CHUNK_SECONDS = 10.0  # load-generator runs of a step that may end early (learni
 SLOW_START_FIRST = 0.05  # a returning DIP's first weight may be this small share of the VIP ...
 SLOW_START_FIRST_SHARE = 0.5  # ... or at most this fraction of the share it carried before it left
 PLAN_HISTORY = 1000  # plans the tour keeps in Redis and in its report (a quick tour stores a few hundred)
-SETTLED_CHANGE = 0.02  # learning has settled when no weight moves by this much for settle_seconds
 FAILED_DIP, DRAINED_DIP, REMOVED_DIP = "dip-3", "dip-2", "dip-4"
 
 
@@ -106,7 +106,8 @@ class OpsSettings:
                             load=self.request_rate / total, connections=self.connections,
                             connection_lifetime=5.0, client_timeout=self.client_timeout,
                             probe_requests=self.probe_requests, probe_interval=self.probe_interval,
-                            controller_interval=self.controller_interval, drain_time=self.drain_time, seed=self.seed)
+                            controller_interval=self.controller_interval, drain_time=self.drain_time,
+                            settle_seconds=self.settle_seconds, seed=self.seed)
 
 
 @dataclass
@@ -322,33 +323,27 @@ class OpsTour:
 
     async def _learn(self, tb: DemoTestbed, store: LatencyStore, reader: Any,
                      start: Callable[[], Awaitable[None]]) -> None:
-        """klb starts on the running pool; the step ends once a solved plan has moved no weight by
-        ``SETTLED_CHANGE`` for ``settle_seconds`` (at most ``learn_max_seconds``)."""
+        """klb starts on the running pool; the step ends once a solved plan has moved no weight for the
+        settle window (:mod:`knapsack_lb.lab.demo.settle`; at most ``learn_max_seconds``)."""
         s = self.settings
-        state: dict[str, Any] = {"solved_at": None, "changed_at": None, "weights": None, "started": None}
+        watch = SettleWatch(s.demo_settings().settle_window)
+        state: dict[str, Any] = {"started": None}
 
-        async def watch() -> None:
+        async def watch_plans() -> None:
             await start()
             state["started"] = time.monotonic()
             while True:
-                plan = await store.current_plan(VIP)
-                now = time.monotonic()
-                if plan is not None and is_solved(plan):
-                    state["solved_at"] = state["solved_at"] or now
-                    last = state["weights"]
-                    moved = 1.0 if last is None else max(abs(w - last.get(n, 0.0)) for n, w in plan.weights.items())
-                    if moved >= SETTLED_CHANGE:
-                        state["weights"], state["changed_at"] = dict(plan.weights), now
+                watch.observe(await store.current_plan(VIP), time.monotonic())
                 await asyncio.sleep(0.5)
 
         def settled() -> bool:
-            return state["changed_at"] is not None and time.monotonic() - state["changed_at"] >= s.settle_seconds
+            return watch.settled(time.monotonic())
 
-        record = await self._step(tb, store, reader, "learn", "klb starts on the running pool", watch,
+        record = await self._step(tb, store, reader, "learn", "klb starts on the running pool", watch_plans,
                                   duration=s.learn_max_seconds, stop_when=settled)
         started = state["started"]
-        solved = None if state["solved_at"] is None or started is None else state["solved_at"] - started
-        settled_after = None if state["changed_at"] is None or started is None else state["changed_at"] - started
+        solved = None if watch.solved_at is None or started is None else watch.solved_at - started
+        settled_after = None if watch.changed_at is None or started is None else watch.changed_at - started
         record.extra.update(solved_after=solved, settled_after=settled_after)
         record.check = (f"first solved plan after {_seconds(solved)}, settled after {_seconds(settled_after)}; "
                         f"learning cost {record.failed} failed, p99 {_ms(record.p99)}")

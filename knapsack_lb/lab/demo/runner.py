@@ -5,7 +5,7 @@ configuration :meth:`DemoTestbed.klb_config` generates. The VIP starts *paused* 
 computes and pushes nothing) so the two baseline phases run HAProxy's own algorithms with equal
 weights while the probes already measure (the same probe load in every phase). For KnapsackLB
 the runner unpauses the VIP: the controller learns during a learning period whose traffic is
-not counted (solved plans from the first rounds on, until they stop moving for ``settle_seconds``),
+not counted (solved plans from the first rounds on, until they stop moving for the settle window),
 and keeps running during the counted phase. For the HTTP phase the VIP
 is paused again so the weights stay at the learned plan.
 
@@ -30,7 +30,6 @@ from typing import Any
 from rich.console import Console
 
 from adapters.base import make_adapter
-from knapsack_lb.controller.core import is_solved
 from knapsack_lb.lab.demo.live import LiveView
 from knapsack_lb.lab.demo.phases import PHASES, Phase
 from knapsack_lb.lab.demo.report import (
@@ -42,6 +41,7 @@ from knapsack_lb.lab.demo.report import (
     write_report,
 )
 from knapsack_lb.lab.demo.settings import DemoSettings
+from knapsack_lb.lab.demo.settle import SettleWatch
 from knapsack_lb.lab.demo.testbed import VIP, DemoTestbed
 from knapsack_lb.model import WeightPlan
 from knapsack_lb.service.runner import ServiceRunner, api_component, controller_component, open_store, probe_component
@@ -49,7 +49,6 @@ from knapsack_lb.store import LatencyStore
 
 log = logging.getLogger(__name__)
 
-SETTLED_CHANGE = 0.02  # a learned plan has settled when no weight moves by this much for settle_seconds
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
@@ -111,11 +110,6 @@ async def controller_snapshot(store: LatencyStore, vip: str, plans: int) -> dict
         "state": await store.controller_state(vip),
         "curves": {name: repr(record) for name, record in (await store.curves(vip)).items()},
     }
-
-
-def is_learned(plan: WeightPlan | None) -> bool:
-    """A solved plan (not an Algorithm 1 measurement schedule, not an equal split)."""
-    return plan is not None and is_solved(plan)
 
 
 async def set_paused(store: LatencyStore, paused: bool) -> None:
@@ -250,15 +244,15 @@ class DemoRun:
 
     async def _learn(self, tb: DemoTestbed, store: LatencyStore, adapter: Any, view: LiveView,
                      runner: ServiceRunner) -> None:
-        """Traffic while the controller learns; ends once a solved plan has moved no weight by
-        ``SETTLED_CHANGE`` for ``settle_seconds`` (at least ``learn_min_seconds``, at most
+        """Traffic while the controller learns; ends once a solved plan has moved no weight for the
+        settle window (:mod:`knapsack_lb.lab.demo.settle`; at least ``learn_min_seconds`` in all, at most
         ``learn_max_seconds``). Not counted."""
         s = self.settings
         view.message(f"[bold]learning[/bold]: KnapsackLB controller unpaused (learning from every round); traffic "
                      f"not counted, {s.learn_min_seconds:g}-{s.learn_max_seconds:g} s")
         started = time.monotonic()
-        state: dict[str, Any] = {"learned_at": None, "plans": 0, "last_version": None, "changed_at": started,
-                                 "settled_weights": None}
+        watch = SettleWatch(s.settle_window)
+        state: dict[str, Any] = {"plans": 0, "last_version": None}
         weights: dict[str, float] = {}
         loop = asyncio.get_running_loop()
         pending_plan: list[asyncio.Future[WeightPlan | None]] = []
@@ -270,29 +264,22 @@ class DemoRun:
                     if plan is not None and plan.version != state["last_version"]:
                         state["last_version"] = plan.version
                         state["plans"] += 1
-                        if is_learned(plan) and state["learned_at"] is None:
-                            state["learned_at"] = time.monotonic()
+                        if watch.observe(plan, time.monotonic()):
                             view.message(f"  solved plan after {time.monotonic() - started:.0f} s: "
                                          + ", ".join(f"{n} {w:.3f}" for n, w in plan.weights.items()))
-                        last = state["settled_weights"]
-                        if not is_learned(plan) or last is None or max(
-                                abs(w - last.get(n, 0.0)) for n, w in plan.weights.items()) >= SETTLED_CHANGE:
-                            state["changed_at"], state["settled_weights"] = time.monotonic(), dict(plan.weights)
                     pending_plan.clear()
                 pending_plan.append(asyncio.ensure_future(store.current_plan(VIP), loop=loop))
             weights.update(adapter.read() or {})
             latency = {b: (int(v[0]), float(v[1])) for b, v in line["per_backend"].items()}
             elapsed = time.monotonic() - started
-            status = "measuring" if state["learned_at"] is None else "solved, settling"
+            status = "measuring" if watch.solved_at is None else "solved, settling"
             view.update("learning (not counted)", max(0.0, s.learn_max_seconds - elapsed), weights, latency, status)
 
         def done() -> bool:
-            elapsed = time.monotonic() - started
-            learned_at = state["learned_at"]
             if runner.stop.is_set():
                 return True
-            return elapsed >= s.learn_min_seconds and learned_at is not None and \
-                time.monotonic() - state["changed_at"] >= s.settle_seconds
+            now = time.monotonic()
+            return now - started >= s.learn_min_seconds and watch.settled(now)
 
         await run_loadgen(tb, s, s.learn_max_seconds, 0.0, s.seed * 1000 + 99,
                           self.out_dir / "run" / "load-learning.json", progress, stop_when=done)
@@ -301,8 +288,9 @@ class DemoRun:
                 await future
         self.learning = {
             "seconds": time.monotonic() - started,
-            "converged": state["learned_at"] is not None,
-            "solved_after_seconds": None if state["learned_at"] is None else state["learned_at"] - started,
+            "converged": watch.solved_at is not None,
+            "settled": watch.settled(time.monotonic()),
+            "solved_after_seconds": None if watch.solved_at is None else watch.solved_at - started,
             "plans": state["plans"],
             "counted": False,
         }

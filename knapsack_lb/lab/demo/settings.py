@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.lab.demo.settle import plan_cycle, settle_window
 
 DEFAULT_CAPACITIES = (1.0, 1.0, 0.8, 0.8, 0.6, 0.6)
 
@@ -33,7 +34,7 @@ class DemoSettings:
     warmup_seconds: float = 5.0  # start of each phase not counted (connections settle)
     learn_min_seconds: float = 30.0  # KnapsackLB learns at least this long before its phase
     learn_max_seconds: float = 300.0  # ... and at most this long (traffic not counted)
-    settle_seconds: float = 10.0  # after the controller converged, before counting starts
+    settle_seconds: float = 10.0  # no learned weight moves this long (at least two plan cycles) before counting
     probe_requests: int = 5  # probe requests per DIP per round (sequential, one connection)
     probe_interval: float = 2.0  # seconds between probe rounds
     controller_interval: float = 2.0  # seconds between controller steps
@@ -55,6 +56,7 @@ class DemoSettings:
             "warmup_seconds": 0 <= self.warmup_seconds < self.phase_seconds,
             "learn_min_seconds": 0 <= self.learn_min_seconds <= self.learn_max_seconds,
             "learn_max_seconds": 5 <= self.learn_max_seconds <= 3600,
+            "settle_seconds": 0 <= self.settle_seconds <= 3600,
             "probe_requests": 1 <= self.probe_requests <= 1000,
             "probe_interval": 0.2 <= self.probe_interval <= 60,
             "controller_interval": 0.2 <= self.controller_interval <= 60,
@@ -74,6 +76,14 @@ class DemoSettings:
             learn_min_seconds=20.0, learn_max_seconds=140.0, settle_seconds=6.0, quick=True,
         )
         return replace(base, **overrides)
+
+    @property
+    def settle_window(self) -> float:
+        """How long no learned weight may move before the KnapsackLB phase is counted
+        (:mod:`knapsack_lb.lab.demo.settle`)."""
+        return settle_window(self.settle_seconds, plan_cycle(drain_time=self.drain_time,
+                                                             probe_interval=self.probe_interval,
+                                                             controller_interval=self.controller_interval))
 
     @property
     def names(self) -> list[str]:
