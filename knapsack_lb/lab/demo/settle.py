@@ -12,7 +12,7 @@ same direction for many plans, is called settled while it still drifts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from knapsack_lb.controller.core import is_solved
 from knapsack_lb.model import WeightPlan
@@ -34,13 +34,13 @@ def settle_window(settle_seconds: float, cycle: float) -> float:
 @dataclass
 class SettleWatch:
     """Watches the plans in force (observe every plan, or poll the current one: observing the same
-    plan again changes nothing). A plan that is not solved (an Algorithm 1 measurement schedule, a
-    fallback split) is a move: learning has not settled while it is in force."""
+    plan again changes nothing). A plan that is not solved (an Algorithm 1 measurement schedule, the
+    split for a VIP with no live DIP) is a move: learning has not settled while it is in force."""
 
     window: float
     solved_at: float | None = None  # when the first solved plan was seen
     changed_at: float | None = None  # when the weights last moved (None before the first solved plan)
-    weights: dict[str, float] | None = field(default=None)
+    weights: dict[str, float] | None = None  # the weights in force since changed_at
 
     def observe(self, plan: WeightPlan | None, now: float) -> bool:
         """Take the plan in force at ``now``; True when it is the first solved plan seen."""
