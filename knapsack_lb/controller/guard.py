@@ -9,7 +9,10 @@ averaged, and the variance of that average is the larger of the one the rounds' 
 and the one the spread of the rounds' ``L`` gives (a load that moves makes rounds differ more than
 their probes say). When a plan has been measured for ``MIN_ROUNDS`` rounds and its ``L`` exceeds
 the previous plan's by more than ``z`` combined standard errors and more than ``threshold``
-relative, :meth:`PlanGuard.verdict` names the previous plan and the controller restores it.
+relative, :meth:`PlanGuard.verdict` names the previous plan and the controller restores it. Two
+plans are compared only when they serve the same DIPs: a drain, a failure, a return or a new DIP
+changes the VIP's latency by itself, and restoring the plan from before it would undo the change
+(a returning DIP back at once to its old share, past its slow start).
 
 How it fails: the two plans are measured at different times, so a traffic change between them
 looks like a worse plan (the rollback then restores a plan that is no better, and the learner,
@@ -41,6 +44,11 @@ class PlanRecord:
     @property
     def mean(self) -> float:
         return math.fsum(self.values) / len(self.values) if self.values else math.nan
+
+    @property
+    def serving(self) -> frozenset[str]:
+        """The DIPs the plan gives traffic to."""
+        return frozenset(n for n, w in self.weights.items() if w > 0)
 
     @property
     def variance(self) -> float:
@@ -98,7 +106,7 @@ class PlanGuard:
     def verdict(self, z: float, threshold: float) -> PlanRecord | None:
         """The previous plan, when the current one is worse beyond noise and ``threshold``; else None."""
         cur, prev = self.state.current, self.state.previous
-        if cur is None or prev is None or len(cur.values) < MIN_ROUNDS:
+        if cur is None or prev is None or len(cur.values) < MIN_ROUNDS or cur.serving != prev.serving:
             return None
         gap = cur.mean - prev.mean
         if gap > z * math.sqrt(cur.variance + prev.variance) and cur.mean > (1 + threshold) * prev.mean:

@@ -8,10 +8,10 @@ import pytest
 
 from knapsack_lb.controller.core import SolveRequest, SolveResult
 from knapsack_lb.controller.estimation import RoundEvidence
-from knapsack_lb.controller.guard import PlanGuard, vip_latency
+from knapsack_lb.controller.guard import PlanGuard, PlanRecord, vip_latency
 from knapsack_lb.model import PlanFlag, PlanMethod
 
-from .loop import Loop
+from .loop import Loop, vip_config
 
 
 def _ev(mean: float, stderr: float, n: int = 100) -> RoundEvidence:
@@ -40,6 +40,19 @@ def test_a_plan_worse_beyond_noise_and_threshold_names_the_one_before() -> None:
     assert _guard(0.010, 0.013, 0.003).verdict(2.0, 0.05) is None  # within the noise
     assert _guard(0.010, 0.0104, 0.00001).verdict(2.0, 0.05) is None  # significant, but below 5 %
     assert _guard(0.013, 0.010, 0.0002).verdict(2.0, 0.05) is None  # better
+
+
+def test_plans_that_serve_different_dips_are_never_compared() -> None:
+    guard = PlanGuard()
+    for _ in range(3):
+        guard.observe(1, {"a": 0.5, "b": 0.5}, {"a": _ev(0.010, 0.0001), "b": _ev(0.010, 0.0001)})
+    for _ in range(3):  # b drained: a carries it all and is much slower, which is the drain, not the plan
+        guard.observe(2, {"a": 1.0, "b": 0.0}, {"a": _ev(0.020, 0.0001)})
+    assert guard.verdict(2.0, 0.05) is None
+    for _ in range(3):  # the next plan over the same DIPs is judged against the drained one
+        guard.observe(3, {"a": 1.0, "b": 0.0}, {"a": _ev(0.030, 0.0001)})
+    worse = guard.verdict(2.0, 0.05)
+    assert worse is not None and worse.version == 2
 
 
 def test_rounds_that_vary_more_than_their_probes_widen_the_bound() -> None:
@@ -73,3 +86,21 @@ def test_the_controller_rolls_a_worse_plan_back(loop: Loop) -> None:
     assert rolled is not None and rolled.method == PlanMethod.KEPT
     assert any(r.startswith("guard: plan") for r in rolled.reasons)
     assert rolled.weights == pytest.approx(good.weights, abs=0.02)
+
+
+def test_a_dip_back_from_a_drain_ramps_up_even_when_the_drain_measured_worse(loop: Loop) -> None:
+    for _ in range(20):
+        loop.tick()
+    names = list("abcd")
+    before = loop.ctl.plan
+    assert before is not None
+    for _ in range(5):
+        loop.tick(config=vip_config(names, drained=("d",)))
+    drained = loop.ctl.plan
+    assert drained is not None and drained.weights["d"] == 0.0
+    # the drained plan measured far slower than the one before (d held half the cores; the others are overloaded)
+    loop.ctl.guard.state.previous = PlanRecord(before.version, dict(before.weights), [0.010] * 3, [1e-10] * 3)
+    loop.ctl.guard.state.current = PlanRecord(drained.version, dict(drained.weights), [0.75] * 3, [1e-10] * 3)
+    plan = loop.tick(config=vip_config(names))
+    assert plan is not None and PlanFlag.ROLLED_BACK not in plan.flags
+    assert plan.weights["d"] <= loop.ctl.settings.rails.min_weight + 0.05  # slow start, not its old share
