@@ -19,9 +19,12 @@ One step:
    a successful probe brings it back (slow start if its curve is kept).
 4. The relative circuit breaker (ELS blog) ejects DIPs much worse than the pool.
 5. Learning. By default (``learning.method: estimate``) every trusted round is evidence: each
-   DIP's curve and cap are refitted from its rounds with their standard errors, a round off the
-   curve beyond its confidence bound forgets the DIP's older rounds, and the guard measures the
-   plan in force (:mod:`~knapsack_lb.controller.estimation`, :mod:`~knapsack_lb.controller.guard`).
+   DIP's curve and cap are refitted from its rounds with their standard errors, a traffic change
+   (most DIPs slower or faster at the weights they held) moves every DIP's earlier rounds to the
+   weights that carry their load now, a round off the curve beyond its confidence bound forgets the
+   DIP's older rounds, and the guard measures the plan in force
+   (:mod:`~knapsack_lb.controller.estimation`, :mod:`~knapsack_lb.controller.traffic`,
+   :mod:`~knapsack_lb.controller.guard`).
    With ``algorithm1`` (the paper): measuring DIPs advance Algorithm 1 (section 4.3) when their
    round was taken at the scheduled weight, a finished DIP gets its curve fitted (section 4.2),
    ready DIPs feed the change detector (section 4.5: a traffic change shifts every curve, a
@@ -69,6 +72,7 @@ from knapsack_lb.controller.rails import apply_rails, capacity_proportional
 from knapsack_lb.controller.scheduling import MeasurementRequest, schedule_round
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.controller.state import ControllerState, DipState, DrainProbe
+from knapsack_lb.controller.traffic import TrafficChange, shifted, traffic_change
 from knapsack_lb.curves import LatencyCurve
 from knapsack_lb.curves.fitting import fit_curve
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
@@ -174,6 +178,7 @@ class VipController:
         self.version = 0
         self.drain_time = self.settings.drain.time
         self.drain_measured_at: float | None = None
+        self.traffic_changed_at = -math.inf  # rounds before it were taken under other traffic: never compared
         self._drain: DrainProbe | None = None
         self.rounds = 0
         self.measurement_rounds = 0
@@ -319,7 +324,7 @@ class VipController:
             version=self.version, drain_time=self.drain_time, drain_measured_at=self.drain_measured_at,
             drain_probe=self._drain, rounds=self.rounds, measurement_rounds=self.measurement_rounds,
             detector=self.detector.state, breaker=self.breaker.state, guard=self.guard.state,
-            last_solved=self.last_solved,
+            last_solved=self.last_solved, traffic_changed_at=self.traffic_changed_at,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -339,7 +344,7 @@ class VipController:
         ctl = cls(state.vip, (), settings, rng=rng, solver=solver)
         ctl.dips, ctl.plan, ctl.applied_at = state.dips, state.plan, state.applied_at
         ctl.confirmed_version, ctl.in_force, ctl.scheduled = state.confirmed_version, state.in_force, state.scheduled
-        ctl.last_solved = state.last_solved
+        ctl.last_solved, ctl.traffic_changed_at = state.last_solved, state.traffic_changed_at
         ctl.version, ctl.drain_time, ctl.drain_measured_at = state.version, state.drain_time, state.drain_measured_at
         ctl._drain, ctl.rounds, ctl.measurement_rounds = state.drain_probe, state.rounds, state.measurement_rounds
         ctl.detector = ChangeDetector(ctl.settings, state.detector)
@@ -658,6 +663,7 @@ class VipController:
                 self.dips[name].evidence = self.dips[name].evidence[-1:]
                 reasons.append(f"remeasure requested: {name} learns afresh from its next rounds")
         latest = {}
+        confirmations = s.dynamics.change_confirmations
         for name, m in trusted.items():
             dip = self.dips.get(name)
             if dip is None or dip.failed:
@@ -667,8 +673,20 @@ class VipController:
                 continue
             latest[name] = evidence
             dip.evidence = [e for e in dip.evidence if now - e.time <= s.learning.window] + [evidence]
-            confirmations = s.dynamics.change_confirmations
-            if dip.curve is not None and dip.curve.get("kind") == "utilisation" and changed(
+        traffic = self._traffic_change() if latest else None
+        if traffic is not None:
+            for dip in self.dips.values():
+                if dip.name in traffic.apart:
+                    dip.evidence = dip.evidence[-confirmations:]
+                elif not dip.failed:
+                    dip.evidence = shifted(dip.evidence, traffic.k, confirmations)
+            self.traffic_changed_at = min(e.time for d in self.dips.values() if not d.failed
+                                          for e in d.evidence[-confirmations:])
+            self.guard.reset()  # the plans before the change were measured under the old traffic
+            reasons.append(traffic.describe())
+        for name, evidence in latest.items():
+            dip = self.dips[name]
+            if traffic is None and dip.curve is not None and dip.curve.get("kind") == "utilisation" and changed(
                     dip.evidence, dip.curve_obj(), z=z, threshold=s.dynamics.capacity_change_threshold,
                     failure_share=s.measurement.drop_failure_share, dispersion=dip.dispersion,
                     confirmations=confirmations):
@@ -694,6 +712,17 @@ class VipController:
                 continue
             reasons += self._take_estimate(dip, est, now)
         return reasons
+
+    def _traffic_change(self) -> TrafficChange | None:
+        """Section 4.5's traffic test on the DIPs' rounds (:mod:`knapsack_lb.controller.traffic`)."""
+        s = self.settings
+        live = [d for d in self.dips.values() if not d.failed and d.evidence]
+        curves = {d.name: (d.curve_obj(), d.w_max) for d in live
+                  if d.curve is not None and d.curve.get("kind") == "utilisation"}
+        return traffic_change({d.name: d.evidence for d in live}, curves,
+                              confirmations=s.dynamics.change_confirmations, tolerance=s.measurement.trust_tolerance,
+                              threshold=s.dynamics.traffic_change_threshold, quorum=s.dynamics.traffic_change_quorum,
+                              since=self.traffic_changed_at)
 
     def _take_estimate(self, dip: DipState, est: Estimate, now: float) -> list[str]:
         """Install an estimate as the DIP's curve and cap; say so when the DIP was overloaded."""

@@ -33,8 +33,9 @@ curve is learned:
   decrease).
 * **Changes forget the past.** A clean round that disagrees with the fitted curve by more than
   ``z`` combined standard errors and ``capacity_change_threshold`` (the paper's 20 %) drops the
-  DIP's older rounds (:func:`changed`), so a capacity or traffic change is learned afresh from the
-  rounds after it; rounds older than ``window`` seconds are forgotten anyway.
+  DIP's older rounds (:func:`changed`), so a capacity change is learned afresh from the rounds
+  after it (a traffic change moves every DIP's rounds instead: :mod:`knapsack_lb.controller.traffic`);
+  rounds older than ``window`` seconds are forgotten anyway.
 
 How it fails: the model assumes the latency a probe sees is a function of the DIP's weight only;
 a DIP whose latency moves for other reasons (a noisy neighbour that comes and goes each minute)

@@ -114,5 +114,9 @@ class PlanGuard:
         return None
 
     def forget(self) -> None:
-        """After a rollback, or when the pool changed: judge afresh from the next plan on."""
+        """After a rollback: judge afresh from the next plan on."""
         self.state = GuardState(current=self.state.current)
+
+    def reset(self) -> None:
+        """After a traffic change: no plan measured before it is compared with one after it."""
+        self.state = GuardState()

@@ -101,6 +101,7 @@ class ControllerState(BaseModel):
     breaker: BreakerState = Field(default_factory=BreakerState)
     guard: GuardState = Field(default_factory=GuardState)
     last_solved: WeightPlan | None = None
+    traffic_changed_at: float = -math.inf  # the learner's last traffic change (section 4.5)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types only (non-finite numbers as strings): safe for any JSON writer."""

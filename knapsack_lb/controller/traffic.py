@@ -1,0 +1,192 @@
+"""A traffic change for the learner: most DIPs slower (or faster) at the weights they carried before.
+
+KnapsackLB section 4.5 detects a traffic change "when we see latency increase for most/all DIPs even
+when the weights are unchanged" and shifts every curve by one factor. The learner's curves move
+every round while it learns, and a curve that has just moved is pessimistic at the new weights, so
+a test of the rounds against the curves reads the learner's own transient as falling traffic. This
+test compares rounds with rounds instead: a DIP is judged only when its newest ``confirmations``
+rounds were taken at the weight of earlier rounds (within ``tolerance``), which a learner moving
+its weights rarely gives and a traffic change always does (the split holds, the latency moves).
+
+Each of a judged DIP's newest rounds gives a latency ratio against its pooled earlier rounds at that
+weight, with a standard error from both. A traffic change is called when at least ``MIN_JUDGED``
+DIPs and half of the DIPs with rounds are judged and, in each of the newest rounds on its own, the
+median ratio is beyond ``threshold``, ``quorum`` of the judged DIPs moved that way, and the pool's
+shift is beyond noise (the inverse-variance mean of the log ratios, ``NOISE_SIGMAS`` = 4 standard
+errors from 0, on the same side): with a few probes per round one DIP's ratio is mostly noise, and
+only many DIPs together tell. Four, not the learner's two: the test runs every round for as long as
+the controller runs, its rounds share one baseline, and a false traffic change moves every DIP's
+rounds (at two standard errors it fired on a 4-DIP pool of the gauge with no event).
+
+Its size is section 4.5's shift: per moved DIP, ``k = w / w'`` where its curve reaches ``w``'s
+latency times the observed ratio at ``w'`` (the ratio, not the round's latency, so a curve's bias
+at ``w`` cancels), combined by a median weighted by the curve's squared elasticity (capped at the
+knee: a DIP in its curve's flat part says little about its load), and clamped to one event's
+bounds.
+
+The learner then keeps every DIP's rounds, the earlier ones moved to the weight that carries their
+load under the new traffic (``w * k``), instead of relearning each DIP from its last few rounds
+(which leaves caps that cannot carry the VIP, and a stretch past some DIP's capacity). A judged DIP
+whose latency moved the other way changed on its own (its capacity, at the same time): it is
+relearned from its newest rounds, as its own change test would.
+
+How it fails: a capacity change of most DIPs at once (a host-wide noisy neighbour) is read as
+traffic, which moves the plan the same way; while the learner still moves every DIP's weight, no
+DIP is judged and each DIP's own change test stands; a change smaller than ``threshold`` is left
+to those tests. The DIPs' rounds are taken as independent, and near saturation they are not: at
+92 % utilisation behind least connections the whole pool's queues rise and fall together, and a
+swing of the pool's load reads as a traffic change (pool 35 of the gauge, seed 1: twice in the
+steady window, 1.108x -> 1.126x the oracle).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from knapsack_lb.controller.dynamics import (
+    K_EVENT_MAX,
+    K_EVENT_MIN,
+    K_MAX,
+    K_MIN,
+    NOISE_SIGMAS,
+    SLOPE_CAP,
+    elasticity,
+    shift_factor,
+    weighted_median,
+)
+from knapsack_lb.controller.estimation import Pooled, RoundEvidence, pooled
+from knapsack_lb.curves import LatencyCurve
+
+MIN_JUDGED = 3  # DIPs that must have held their weight for a pool-wide verdict
+
+
+@dataclass(frozen=True)
+class TrafficChange:
+    """A traffic change: every curve's weight axis scales by ``k`` (below 1: more traffic); ``ratio``
+    is the median latency ratio over the ``judged`` DIPs, ``moved`` of which moved that way."""
+
+    k: float
+    ratio: float
+    judged: int
+    moved: int
+    apart: tuple[str, ...] = ()  # judged DIPs that moved the other way: they changed on their own
+
+    def describe(self) -> str:
+        apart = f"; {', '.join(self.apart)} moved the other way: relearned from their last rounds" if self.apart else ""
+        return (f"traffic change: latency x{self.ratio:.3f} at unchanged weights (median of {self.judged} DIPs, "
+                f"{self.moved} moved that way); the others' earlier rounds shifted by k={self.k:.3f}{apart}")
+
+
+def _near(weight: float, to: float, tolerance: float) -> bool:
+    return abs(weight - to) <= max(1e-4, tolerance * to)
+
+
+def _usable(r: RoundEvidence) -> bool:
+    return r.n >= 2 and math.isfinite(r.mean) and r.mean > 0
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """One DIP whose newest rounds held an earlier weight: the log latency ratio of each newest
+    round, and of them pooled, against the earlier rounds pooled, with standard errors."""
+
+    rounds: tuple[tuple[float, float], ...]
+    pooled: float
+
+
+def _log_ratio(after: Pooled, before: Pooled) -> tuple[float, float]:
+    error = math.hypot(before.stderr / before.mean, after.stderr / after.mean)
+    return math.log(after.mean / before.mean), max(error, 1e-9)
+
+
+def _judge(rounds: Sequence[RoundEvidence], curve: LatencyCurve, confirmations: int, tolerance: float,
+           since: float) -> _Verdict | None:
+    """One DIP's newest ``confirmations`` rounds against its earlier rounds (taken since ``since``)
+    at their weight, less what the curve says the weights' own difference explains; None when the
+    newest did not hold an earlier weight."""
+    rounds = [r for r in rounds if r.time >= since]
+    recent, earlier = rounds[-confirmations:], rounds[:-confirmations]
+    if len(recent) < confirmations or not all(_usable(r) for r in recent):
+        return None
+    weight = recent[-1].weight
+    if weight <= 0 or not all(_near(r.weight, weight, tolerance) for r in recent):
+        return None
+    same = [r for r in earlier if _usable(r) and _near(r.weight, weight, tolerance)]
+    if not same:
+        return None
+    before = pooled(same)
+
+    def explained(at: float) -> float | None:
+        ratio = curve.latency(at) / curve.latency(before.weight)
+        return math.log(ratio) if math.isfinite(ratio) and ratio > 0 else None
+
+    ratios = []
+    for part in [*([r] for r in recent), recent]:
+        after = pooled(part)
+        shift = explained(after.weight)
+        if shift is None:
+            return None
+        x, se = _log_ratio(after, before)
+        ratios.append((x - shift, se))
+    return _Verdict(tuple(ratios[:-1]), ratios[-1][0])
+
+
+def _pool_moved(ratios: Sequence[tuple[float, float]], threshold: float, quorum: float) -> int:
+    """+1 or -1 when the DIPs' ``(log ratio, standard error)`` of one round show the pool moved that
+    way (median beyond ``threshold``, ``quorum`` of them that way, the inverse-variance mean
+    ``NOISE_SIGMAS`` standard errors from 0 on the same side); else 0."""
+    median = statistics.median(x for x, _ in ratios)
+    precision = sum(1 / se ** 2 for _, se in ratios)
+    mean = sum(x / se ** 2 for x, se in ratios) / precision
+    same = sum(1 for x, _ in ratios if x * median > 0)
+    if abs(median) <= math.log1p(threshold) or same < quorum * len(ratios) or mean * median <= 0 \
+            or abs(mean) * math.sqrt(precision) <= NOISE_SIGMAS:
+        return 0
+    return 1 if median > 0 else -1
+
+
+def traffic_change(evidence: Mapping[str, Sequence[RoundEvidence]], curves: Mapping[str, tuple[LatencyCurve, float]],
+                   *, confirmations: int, tolerance: float, threshold: float, quorum: float,
+                   since: float = -math.inf) -> TrafficChange | None:
+    """The traffic change the DIPs' rounds show (see the module docstring), or None.
+
+    ``evidence``: each live DIP's rounds, oldest first; ``curves``: dip -> (its curve, its cap);
+    rounds before ``since`` (the last traffic change) are not compared with the ones after it."""
+    verdicts = {}
+    for name, rounds in evidence.items():
+        verdict = _judge(rounds, curves[name][0], confirmations, tolerance, since) if name in curves else None
+        if verdict is not None:
+            verdicts[name] = verdict
+    judged = len(verdicts)
+    if judged < MIN_JUDGED or judged < 0.5 * sum(1 for rounds in evidence.values() if rounds):
+        return None
+    # each of the newest rounds on its own: a change shows in every one of them
+    moves = {_pool_moved([v.rounds[i] for v in verdicts.values()], threshold, quorum) for i in range(confirmations)}
+    if len(moves) != 1 or 0 in moves:
+        return None
+    direction = moves.pop()
+    moved = [name for name, v in verdicts.items() if v.pooled * direction > 0]
+    factors, slopes = [], []
+    for name in moved:
+        curve, cap = curves[name]
+        weight = evidence[name][-1].weight
+        k = shift_factor(curve, weight, curve.latency(weight) * math.exp(verdicts[name].pooled), cap)
+        if k is not None and K_MIN < k < K_MAX:  # a clamped inverse says nothing about the size
+            factors.append(math.log(k))
+            slopes.append(min(SLOPE_CAP, elasticity(curve, weight)) ** 2)
+    if not factors:
+        return None
+    k = min(K_EVENT_MAX, max(K_EVENT_MIN, math.exp(weighted_median(factors, slopes))))
+    ratio = math.exp(statistics.median(v.pooled for v in verdicts.values()))
+    apart = tuple(sorted(name for name, v in verdicts.items() if v.pooled * direction < 0))
+    return TrafficChange(k, ratio, judged, len(moved), apart)
+
+
+def shifted(rounds: Sequence[RoundEvidence], k: float, keep: int) -> list[RoundEvidence]:
+    """``rounds`` after a traffic change by ``k``: all but the newest ``keep`` (taken under the new
+    traffic) moved to the weight that carries their load now."""
+    cut = max(0, len(rounds) - keep)
+    return [replace(r, weight=r.weight * k) for r in rounds[:cut]] + list(rounds[cut:])

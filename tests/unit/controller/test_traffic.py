@@ -1,0 +1,131 @@
+"""The learner's traffic test on known answers: M/M/1 DIPs, whose shift under a traffic change is exact."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from knapsack_lb.controller.core import VipController
+from knapsack_lb.controller.estimation import RoundEvidence
+from knapsack_lb.controller.settings import ControllerSettings
+from knapsack_lb.controller.traffic import shifted, traffic_change
+from knapsack_lb.curves.utilisation import UtilisationCurve
+from knapsack_lb.lab.bench.controller import paper30_dips
+from knapsack_lb.lab.fluid import FluidModel
+
+from .loop import Loop
+
+S = 0.010  # unloaded latency
+WEIGHTS = {"a": 0.1, "b": 0.15, "c": 0.2, "d": 0.25, "e": 0.3}  # each DIP's share, held throughout
+CURVES = {n: (UtilisationCurve(S, w / 0.7, 1.0), 0.9 * w / 0.7) for n, w in WEIGHTS.items()}  # at 70 % utilisation
+SETTINGS = {"confirmations": 2, "tolerance": 0.1, "threshold": 0.1, "quorum": 0.6}
+
+
+def _round(t: float, weight: float, mean: float, n: int = 100, cv: float = 0.1) -> RoundEvidence:
+    return RoundEvidence(t, weight, mean, cv * mean, n, 0.0)
+
+
+def _rounds(traffic: dict[float, float], weights: dict[str, float] | None = None,
+            **overrides: float) -> dict[str, list[RoundEvidence]]:
+    """Rounds at times 0, 5, ...; ``traffic[t]`` the VIP's rate relative to the start from time t on:
+    an M/M/1 DIP of saturation weight ``c`` at weight ``w`` shows ``S / (1 - rate * w / c)``."""
+    out: dict[str, list[RoundEvidence]] = {}
+    for name, w in (weights or WEIGHTS).items():
+        curve, _ = CURVES[name]
+        rounds = []
+        for t, rate in sorted(traffic.items()):
+            mean = S / (1 - rate * overrides.get(name, 1.0) * w / curve.c)
+            rounds.append(_round(t, w, mean))
+        out[name] = rounds
+    return out
+
+
+def _traffic(t_change: float, rate: float, until: float = 40.0) -> dict[float, float]:
+    return {float(t): (rate if t >= t_change else 1.0) for t in range(0, int(until) + 1, 5)}
+
+
+def test_more_traffic_at_held_weights_shifts_every_curve_by_the_ratio_of_rates() -> None:
+    found = traffic_change(_rounds(_traffic(35, 1.2)), CURVES, **SETTINGS)
+    assert found is not None
+    assert found.k == pytest.approx(1 / 1.2, rel=1e-3)  # M/M/1: k = rate before / rate after
+    assert found.judged == 5 and found.moved == 5 and found.ratio > 1.1 and not found.apart
+
+
+def test_less_traffic_is_found_the_other_way() -> None:
+    found = traffic_change(_rounds(_traffic(35, 0.9)), CURVES, **SETTINGS)
+    assert found is not None and found.k == pytest.approx(1 / 0.9, rel=1e-3)
+
+
+def test_one_changed_round_is_no_change_yet() -> None:
+    assert traffic_change(_rounds(_traffic(40, 1.2)), CURVES, **SETTINGS) is None
+
+
+def test_weights_that_move_are_never_judged() -> None:
+    """The learner's own transient: every round at a new weight, latencies far from before."""
+    rounds = {n: [_round(5.0 * i, w * (1 + 0.3 * i), S * (1 + i)) for i in range(8)] for n, w in WEIGHTS.items()}
+    assert traffic_change(rounds, CURVES, **SETTINGS) is None
+
+
+def test_a_few_dips_moving_is_a_capacity_change_not_traffic() -> None:
+    # two of five DIPs lost capacity (their latency rose); the other three held
+    rounds = _rounds(_traffic(35, 1.0))
+    for name in ("a", "b"):
+        rounds[name] = _rounds(_traffic(35, 1.5), {name: WEIGHTS[name]})[name]
+    assert traffic_change(rounds, CURVES, **SETTINGS) is None
+
+
+def test_few_probes_per_round_need_many_dips_to_tell() -> None:
+    """+15 % latency on three DIPs of five-probe rounds (cv 1): within the noise of the pool."""
+    weights = {n: WEIGHTS[n] for n in "abc"}
+    noisy = {n: [RoundEvidence(r.time, r.weight, r.mean, r.mean, 5, 0.0) for r in rs]
+             for n, rs in _rounds(_traffic(35, 1.15), weights).items()}
+    assert traffic_change(noisy, CURVES, **SETTINGS) is None
+    precise = _rounds(_traffic(35, 1.15), weights)
+    assert traffic_change(precise, CURVES, **SETTINGS) is not None
+
+
+def test_a_dip_that_moved_against_the_pool_is_set_apart() -> None:
+    rounds = _rounds(_traffic(35, 1.2))
+    rounds["e"] = _rounds(_traffic(35, 0.6), {"e": WEIGHTS["e"]})["e"]  # more capacity, at the same time
+    found = traffic_change(rounds, CURVES, **SETTINGS)
+    assert found is not None and found.apart == ("e",) and found.moved == 4
+
+
+def test_rounds_before_the_last_change_are_not_compared_again() -> None:
+    rounds = _rounds(_traffic(35, 1.2))
+    assert traffic_change(rounds, CURVES, **SETTINGS, since=35.0) is None  # nothing earlier at the new traffic
+
+
+def test_a_shift_moves_all_but_the_newest_rounds() -> None:
+    rounds = _rounds(_traffic(35, 1.2))["a"]
+    moved = shifted(rounds, 0.8, keep=2)
+    assert [r.weight for r in moved[:-2]] == pytest.approx([0.08] * (len(rounds) - 2))
+    assert moved[-2:] == rounds[-2:]
+    assert [r.mean for r in moved] == [r.mean for r in rounds]
+
+
+def test_the_learner_keeps_its_curves_through_a_traffic_rise() -> None:
+    """+10 % traffic on the paper's 30-DIP pool: one traffic change, the DIPs keep their rounds, and
+    no plan after it drives a DIP past capacity."""
+    dips = paper30_dips(1)
+    model = FluidModel(dips, total_rate=0.7 * sum(d.capacity for d in dips), seed=1)
+    model.set_weights({d.name: 1.0 for d in dips}, 0.0)
+    loop = Loop(model, VipController("vip", model.names, ControllerSettings(), rng=random.Random(1)))
+    for _ in range(100):
+        loop.tick()
+    kept = {n: len(d.evidence) for n, d in loop.ctl.dips.items()}
+    loop.model.set_total_rate(loop.model.total_rate * 1.1)
+    reasons: list[str] = []
+    for _ in range(12):
+        plan = loop.tick()
+        if plan is not None:
+            reasons += plan.reasons
+            assert max(loop.model.utilisation(plan.weights).values()) < 1.0
+    assert sum(r.startswith("traffic change") for r in reasons) == 1, reasons
+    # without the shift nearly every DIP would relearn from two rounds; one found faster than its
+    # shifted curve may still be
+    assert len([r for r in reasons if r.startswith("change:")]) <= 3
+    assert sum(len(d.evidence) >= min(kept[n], 10) for n, d in loop.ctl.dips.items()) >= 27
+    assert math.isfinite(loop.ctl.traffic_changed_at)
