@@ -1034,6 +1034,26 @@ class VipController:
             return dict(solved)
         return dict(self._solve(names, total, {**pins, **over}, objective, limits).weights)
 
+    def _widen_for_ramps(self, names: list[str], total: float, pins: Mapping[str, float], objective: str,
+                         solved: Mapping[str, float], ramp: Mapping[str, float], limits: Mapping[str, float],
+                         held: Mapping[str, float], spare: float) -> tuple[dict[str, float], float] | None:
+        """The learner's caps are confidence bounds, not capacities: when the others' caps cannot carry
+        what the ramps hold back, they are stretched by one factor with room (``STRETCH_FREEDOM``), as
+        when the caps do not cover the VIP, and the solver places the rest by the curves; spreading it
+        in proportion to the caps instead puts most on a DIP whose knee was never seen (a small DIP
+        in the day-2 tour went to 107 % that way). ``(weights, factor)``, or None for Algorithm 1's
+        measured caps or when even the stretched caps cannot carry it."""
+        others = [n for n in names if n not in held and n not in pins]
+        room = sum(limits[n] for n in others)
+        if not self._estimating or not others or room <= 0:
+            return None
+        stretch = spare / room * STRETCH_FREEDOM
+        wider = {**limits, **{n: self._limit(n, limits[n] * stretch) for n in others}}
+        try:
+            return self._hold_ramps(names, total, pins, objective, solved, ramp, wider), stretch
+        except (KnapsackLBError, ValueError, ArithmeticError):
+            return None
+
     def _slow_start_measurement(self, now: float, weights: dict[str, float], scheduled: Mapping[str, float],
                                 live: Sequence[str]) -> None:
         """Slow start holds in measurement rounds too: a returning DIP's share of a remainder that was
@@ -1157,13 +1177,20 @@ class VipController:
             except (KnapsackLBError, ValueError, ArithmeticError):
                 # the others' w_max cannot carry what the ramps hold back: over capacity until they are up
                 held = {n: min(solved.get(n, 0.0), cap) for n, cap in ramp.items()}
-                rest = capacity_proportional({n: self.dips[n].w_max for n in ready if n not in held and n not in pins})
                 spare = free_total - sum(held.values()) - sum(w for n, w in pins.items() if n in ready)
-                solved = {**{n: w * spare for n, w in rest.items()}, **held,
-                          **{n: w for n, w in pins.items() if n in ready}}
+                widened = self._widen_for_ramps(ready, free_total, pins, objective, solved, ramp, limits, held, spare)
+                if widened is not None:
+                    solved, stretch = widened
+                    reasons = [*reasons, f"over capacity while returning DIPs ramp up: the others' caps stretched "
+                               f"x{stretch:.3f}, placed by their curves"]
+                else:
+                    rest = capacity_proportional({n: self.dips[n].w_max for n in ready
+                                                  if n not in held and n not in pins})
+                    solved = {**{n: w * spare for n, w in rest.items()}, **held,
+                              **{n: w for n, w in pins.items() if n in ready}}
+                    reasons = [*reasons, "over capacity while returning DIPs ramp up: the others' w_max cannot "
+                               "carry the rest; spread in proportion to estimated capacity"]
                 flags.append(PlanFlag.OVER_CAPACITY)
-                reasons = [*reasons, "over capacity while returning DIPs ramp up: the others' w_max cannot carry "
-                           "the rest; spread in proportion to estimated capacity"]
         solved = {n: solved.get(n, 0.0) for n in self.dips}
         for name in starved:
             solved[name] = 0.0

@@ -15,7 +15,7 @@ from knapsack_lb.controller.estimation import RoundEvidence
 from knapsack_lb.curves import QueueingCurve
 from knapsack_lb.errors import SolverError
 from knapsack_lb.lab.fluid import FluidModel
-from knapsack_lb.model import Measurement
+from knapsack_lb.model import Measurement, PlanFlag
 
 from .loop import ALGORITHM1, FAST, Loop, small_pool, vip_config
 
@@ -393,3 +393,24 @@ def test_a_state_with_failed_rounds_and_unbounded_curves_survives_json(loop: Loo
     observations = loop.model.measure(loop.now)
     a, b = loop.ctl.step(loop.now, observations), twin.step(loop.now, observations)
     assert (a is None) == (b is None) and (a is None or b is None or a.weights == pytest.approx(b.weights))
+
+
+def test_a_returning_dip_the_others_cannot_cover_for_is_covered_by_their_stretched_curves() -> None:
+    """The small pool at 75 % load, c (2 of 8 cores) drained and back: while c ramps up the others
+    must carry 100 % of their capacity, more than their learned caps allow. Their caps are stretched
+    and the solver places the load by the curves (the 4-core DIP takes most), rather than in
+    proportion to the caps."""
+    dips = small_pool()
+    model = FluidModel(dips, total_rate=0.75 * sum(d.capacity for d in dips), seed=5)
+    model.set_weights({d.name: 1.0 for d in dips}, 0.0)
+    loop = Loop(model, VipController("vip", [d.name for d in dips], FAST, rng=random.Random(1)))
+    for _ in range(30):
+        loop.tick()
+    names = list("abcd")
+    for _ in range(4):
+        loop.tick(config=vip_config(names, drained=("c",)))
+    plan = loop.tick(config=vip_config(names))
+    assert plan is not None and plan.weights["c"] <= loop.ctl.settings.rails.min_weight + 1e-9
+    assert any("caps stretched" in r and "placed by their curves" in r for r in plan.reasons), plan.reasons
+    assert PlanFlag.OVER_CAPACITY in plan.flags
+    assert max(loop.model.utilisation(plan.weights).values()) < 1.1  # the pool itself is at 100 %
