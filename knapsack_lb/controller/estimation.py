@@ -124,11 +124,16 @@ def pooled(rounds: Sequence[RoundEvidence]) -> Pooled:
     return Pooled(weight, mean, math.sqrt(max(variance, 0.0) / total), total, len(good))
 
 
+def same_weight(weight: float, to: float, tolerance: float) -> bool:
+    """``weight`` counts as taken at ``to``: within ``tolerance`` of it relative, or 1e-4 absolute."""
+    return abs(weight - to) <= max(1e-4, tolerance * to)
+
+
 def by_weight(rounds: Sequence[RoundEvidence], tolerance: float) -> list[Pooled]:
-    """Rounds grouped by weight (within ``tolerance`` relative, or 1e-4 absolute) and pooled."""
+    """Rounds grouped by weight (:func:`same_weight` as the group's first) and pooled."""
     groups: list[list[RoundEvidence]] = []
     for r in sorted((r for r in rounds if r.n > 0 and math.isfinite(r.mean)), key=lambda r: r.weight):
-        if groups and abs(r.weight - groups[-1][0].weight) <= max(1e-4, tolerance * groups[-1][0].weight):
+        if groups and same_weight(r.weight, groups[-1][0].weight, tolerance):
             groups[-1].append(r)
         else:
             groups.append([r])

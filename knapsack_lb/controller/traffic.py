@@ -57,7 +57,7 @@ from knapsack_lb.controller.dynamics import (
     shift_factor,
     weighted_median,
 )
-from knapsack_lb.controller.estimation import Pooled, RoundEvidence, pooled
+from knapsack_lb.controller.estimation import Pooled, RoundEvidence, pooled, same_weight
 from knapsack_lb.curves import LatencyCurve
 
 MIN_JUDGED = 3  # DIPs that must have held their weight for a pool-wide verdict
@@ -78,10 +78,6 @@ class TrafficChange:
         apart = f"; {', '.join(self.apart)} moved the other way: relearned from their last rounds" if self.apart else ""
         return (f"traffic change: latency x{self.ratio:.3f} at unchanged weights (median of {self.judged} DIPs, "
                 f"{self.moved} moved that way); the others' earlier rounds shifted by k={self.k:.3f}{apart}")
-
-
-def _near(weight: float, to: float, tolerance: float) -> bool:
-    return abs(weight - to) <= max(1e-4, tolerance * to)
 
 
 def _usable(r: RoundEvidence) -> bool:
@@ -112,9 +108,9 @@ def _judge(rounds: Sequence[RoundEvidence], curve: LatencyCurve, confirmations: 
     if len(recent) < confirmations or not all(_usable(r) for r in recent):
         return None
     weight = recent[-1].weight
-    if weight <= 0 or not all(_near(r.weight, weight, tolerance) for r in recent):
+    if weight <= 0 or not all(same_weight(r.weight, weight, tolerance) for r in recent):
         return None
-    same = [r for r in earlier if _usable(r) and _near(r.weight, weight, tolerance)]
+    same = [r for r in earlier if _usable(r) and same_weight(r.weight, weight, tolerance)]
     if not same:
         return None
     before = pooled(same)
