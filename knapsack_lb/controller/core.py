@@ -34,7 +34,9 @@ One step:
    and held until its rounds are in; a plan the guard found worse than the one before is rolled
    back; otherwise the solver runs on the curves and the safety rails shape the result. Solver
    failure keeps the last good plan; no live DIP keeps the last plan (never an all-zero plan);
-   caps that do not cover the VIP spread traffic by capacity (flagged).
+   caps that do not cover the VIP are stretched by one factor and the solver places the excess by
+   the curves (said in the plan's reasons); when even the curves' asymptotes cannot carry it,
+   traffic is spread by capacity (flagged).
 
 Every plan says why (``reasons``: events, curve models, method) and how (``method``).
 """
@@ -91,10 +93,11 @@ START_SHARE = 0.25
 # The learner refits every round: a new plan that moves no weight by this much (about half of HAProxy's
 # 1/256 weight step) is not sent; the LB keeps the last one.
 LEARNED_CHANGE = 0.002
-# The learner: when the DIPs' caps cannot carry the VIP they are all stretched by one factor, to carry this
-# much more than the VIP needs; the solver then places the excess by the curves (a DIP seen at its knee
-# takes little of it, one seen far below its knee much), where stretching them just to cover the VIP left
-# it no choice and pushed the DIPs whose caps were tight past their knees (docs/decisions/controller.md).
+# When the DIPs' caps (the learner's confidence bounds, or Algorithm 1's measured w_max) cannot carry the VIP
+# they are all stretched by one factor, to carry this much more than the VIP needs; the solver then places
+# the excess by the curves (a DIP seen at its knee takes little of it, one seen far below its knee much),
+# where stretching them just to cover the VIP left it no choice and pushed the DIPs whose caps were tight
+# past their knees, and spreading by capacity left no plan solved (docs/decisions/controller.md).
 STRETCH_FREEDOM = 1.25
 # The guard restores the previous plan when the new one measures this much worse, beyond noise.
 GUARD_THRESHOLD = 0.05
@@ -1121,13 +1124,13 @@ class VipController:
         limits = {n: self._limit(n, self.dips[n].w_max) for n in ready}
         cap_sum = capacity(limits)
         free_total = 1.0 - sum(w for n, w in pins.items() if n in self.dips and n not in ready)
-        if self._estimating and ready and cap_sum < free_total - 1e-9:
-            # the pool needs more than the DIPs' safe bounds: every bound stretched by the same factor, with
-            # room for the solver to choose
+        if ready and cap_sum < free_total - 1e-9:
+            # the pool needs more than the DIPs' caps: every cap stretched by the same factor, with room for
+            # the solver to choose
             stretch = (free_total - pinned) / max(cap_sum - pinned, 1e-12) * STRETCH_FREEDOM
             limits = {n: self._limit(n, w * stretch) for n, w in limits.items()}
             if self._curves_changed:
-                reasons = [*reasons, f"safe bounds sum to {cap_sum:.3f} < {free_total:.3f}: each stretched "
+                reasons = [*reasons, f"the DIPs' caps sum to {cap_sum:.3f} < {free_total:.3f}: each stretched "
                            f"x{stretch:.3f}"]
             cap_sum = capacity(limits)
         method = ""

@@ -12,6 +12,7 @@ import pytest
 
 from knapsack_lb.controller.core import SolveRequest, SolveResult, VipController
 from knapsack_lb.controller.estimation import RoundEvidence
+from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.curves import QueueingCurve
 from knapsack_lb.errors import SolverError
 from knapsack_lb.lab.fluid import FluidModel
@@ -189,12 +190,15 @@ def test_an_over_capacity_pool_is_spread_by_capacity_and_flagged() -> None:
     assert plan.weights["b"] / plan.weights["a"] == pytest.approx(3.0, rel=0.05)
 
 
-def test_a_pool_its_caps_cannot_carry_gives_the_excess_where_the_curves_have_room() -> None:
+@pytest.mark.parametrize("settings", [FAST, ALGORITHM1], ids=["learner", "algorithm1"])
+def test_a_pool_its_caps_cannot_carry_gives_the_excess_where_the_curves_have_room(
+        settings: ControllerSettings) -> None:
     """``known`` was seen at its knee (cap 0.5, curve saturating at 0.52), ``unknown`` only far below
     its own (cap 0.4, flat curve): the 0.1 the caps lack goes to ``unknown``. Stretching both caps
-    just enough to cover the VIP would push ``known`` to its curve's asymptote and the pool to a
-    split by capacity."""
-    ctl = VipController("vip", ["known", "unknown"], FAST)
+    just enough to cover the VIP would push ``known`` to its curve's asymptote, and a split by
+    capacity is no solved plan. The same for the learner's confidence bounds and Algorithm 1's
+    measured caps."""
+    ctl = VipController("vip", ["known", "unknown"], settings)
     for name, cap, saturation in (("known", 0.5, 0.52), ("unknown", 0.4, 2.0)):
         dip = ctl.dips[name]
         dip.measuring = None
