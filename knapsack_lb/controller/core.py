@@ -1037,6 +1037,14 @@ class VipController:
             return dict(solved)
         return dict(self._solve(names, total, {**pins, **over}, objective, limits).weights)
 
+    def _stretched(self, limits: Mapping[str, float], names: Sequence[str], need: float,
+                   room: float) -> tuple[dict[str, float], float]:
+        """``limits`` with those of ``names`` stretched by one factor, so that caps holding ``room``
+        carry ``need`` with ``STRETCH_FREEDOM`` to spare (each still below its curve's asymptote),
+        and the factor."""
+        stretch = need / room * STRETCH_FREEDOM
+        return {**limits, **{n: self._limit(n, limits[n] * stretch) for n in names}}, stretch
+
     def _widen_for_ramps(self, names: list[str], total: float, pins: Mapping[str, float], objective: str,
                          solved: Mapping[str, float], ramp: Mapping[str, float], limits: Mapping[str, float],
                          held: Mapping[str, float], spare: float) -> tuple[dict[str, float], float] | None:
@@ -1050,8 +1058,7 @@ class VipController:
         room = sum(limits[n] for n in others)
         if not self._estimating or not others or room <= 0:
             return None
-        stretch = spare / room * STRETCH_FREEDOM
-        wider = {**limits, **{n: self._limit(n, limits[n] * stretch) for n in others}}
+        wider, stretch = self._stretched(limits, others, spare, room)
         try:
             return self._hold_ramps(names, total, pins, objective, solved, ramp, wider), stretch
         except (KnapsackLBError, ValueError, ArithmeticError):
@@ -1127,8 +1134,7 @@ class VipController:
         if ready and cap_sum < free_total - 1e-9:
             # the pool needs more than the DIPs' caps: every cap stretched by the same factor, with room for
             # the solver to choose
-            stretch = (free_total - pinned) / max(cap_sum - pinned, 1e-12) * STRETCH_FREEDOM
-            limits = {n: self._limit(n, w * stretch) for n, w in limits.items()}
+            limits, stretch = self._stretched(limits, list(limits), free_total - pinned, max(cap_sum - pinned, 1e-12))
             if self._curves_changed:
                 reasons = [*reasons, f"the DIPs' caps sum to {cap_sum:.3f} < {free_total:.3f}: each stretched "
                            f"x{stretch:.3f}"]
