@@ -13,6 +13,11 @@ The extracted paper text lost the formulas; this is our reconstruction from the 
   ``w_{i+1} = w_i + alpha * w_i * l_0 / l_i`` (line 6): near ``l_0`` the weight roughly
   doubles (alpha = 1), near capacity (``l_i >> l_0``) it grows slowly.
 * **Backtrack** (drop): ``w_{i+1} = (w_i + w_max) / 2`` (line 8).
+* **A drop needs proof** (ours): a round whose mean reaches the drop level but whose lower
+  confidence bound does not (Student's t on its own probes; no failed probes) is measured again at
+  the same weight, and the two rounds pooled decide - their mean, on twice the probes, against the
+  drop level. A live round of five probes at 70 % load has a coefficient of variation near 1: its
+  mean crosses 5x ``l_0`` by chance often enough to halve a DIP's ``w_max`` on noise.
 * **Done** (lines 1-2): the change between consecutive weights is within
   ``D = convergence_fraction * w_max`` (paper: 5 %). We test the change ``|w_{i+1} - w_i|``
   as soon as ``w_{i+1}`` is computed: the paper tests it at the start of the next iteration,
@@ -25,8 +30,9 @@ pool starts at the equal share, which already sums to 1 on the LB).
 
 How it fails: a DIP that drops even at tiny weights halves its weight each iteration and
 stops after ``measurement.max_iterations`` with ``w_max = 0`` (unusable; the controller
-then gives it only the minimum weight). Noise can turn a drop-free round into a drop or the
-reverse; Algorithm 1 then simply bisects a little longer.
+then gives it only the minimum weight). Noise can still turn a drop-free round into a drop or the
+reverse (two pooled rounds of a few probes are noisy too); Algorithm 1 then simply bisects a little
+longer. A real drop costs one more round at the weight that overloads the DIP.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from knapsack_lb.controller.estimation import RoundEvidence, is_overload, pooled, round_evidence, same_weight
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.model import Measurement
 
@@ -143,6 +150,7 @@ class DipMeasurement:
     iterations: int = 0
     done: bool = False
     points: list[tuple[float, float, bool]] = field(default_factory=list)
+    unconfirmed: RoundEvidence | None = None  # a drop its round did not prove: measured again before it counts
 
     @property
     def priority(self) -> int:
@@ -185,6 +193,14 @@ class DipMeasurement:
             self._maybe_start(settings, equal_share, now)
             return
         dropped = is_drop(measurement, self.l0, settings)
+        if scheduled and not self.pending_equal and settings.measurement.drop_needs_proof:
+            evidence = round_evidence(measurement, weight)
+            if self.unconfirmed is None and dropped and self._unproven(evidence, settings):
+                self.unconfirmed, self.target, self.enqueued_at = evidence, weight, now
+                self.iterations += 1
+                return
+            if self.unconfirmed is not None:
+                latency, dropped = self._confirm(evidence, latency, dropped, settings)
         if latency is not None and math.isfinite(latency):
             self.points.append((weight, latency, dropped))
         if not scheduled:
@@ -198,6 +214,27 @@ class DipMeasurement:
             self._maybe_start(settings, equal_share, now)
             return
         self._advance(weight, latency, dropped, settings, now, expected)
+
+    def _unproven(self, evidence: RoundEvidence | None, settings: ControllerSettings) -> bool:
+        """A drop by the round's mean that its lower confidence bound does not prove (Student's t on its
+        own probes, :func:`~knapsack_lb.controller.estimation.is_overload`): on a round of a few probes
+        near saturation the mean crosses ``drop_latency_factor * l_0`` by chance. Failed probes prove it."""
+        m, z = settings.measurement, settings.learning.confidence
+        return evidence is not None and evidence.n > 0 and evidence.failed <= m.drop_failure_share and \
+            not is_overload(evidence, self.l0, m.drop_latency_factor, m.drop_failure_share, z)
+
+    def _confirm(self, evidence: RoundEvidence | None, latency: float | None, dropped: bool,
+                 settings: ControllerSettings) -> tuple[float | None, bool]:
+        """The round after an unproven drop, at its weight: the two rounds pooled decide (their mean
+        against the drop level, on twice the probes); failed probes, or a round at another weight, decide
+        alone."""
+        earlier, self.unconfirmed = self.unconfirmed, None
+        m = settings.measurement
+        if earlier is None or evidence is None or evidence.n == 0 or evidence.failed > m.drop_failure_share \
+                or not same_weight(evidence.weight, earlier.weight, m.trust_tolerance) or self.l0 is None:
+            return latency, dropped
+        both = pooled([earlier, evidence])
+        return both.mean, both.mean >= m.drop_latency_factor * self.l0
 
     def _maybe_start(self, settings: ControllerSettings, equal_share: float, now: float) -> None:
         """Once both l_0 and the equal-share latency are known, run the first Algorithm 1 iteration."""

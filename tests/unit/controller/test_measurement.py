@@ -59,6 +59,48 @@ def test_drop_is_failed_probes_or_five_times_the_weight_zero_latency() -> None:
     assert is_drop(_m(None, successes=0, errors=100), 0.01, s)
 
 
+def _walked_to(weight: float, l0: float) -> DipMeasurement:
+    """A DIP past l_0 and its equal-share round (0.1 at l_0), whose next step is ``weight``."""
+    s = ControllerSettings()
+    m = DipMeasurement("d", enqueued_at=0.0)
+    m.record(0.0, _m(l0), s, 0.1, 0.0, scheduled=True)
+    m.record(0.1, _m(l0), s, 0.1, 1.0, scheduled=True)
+    assert m.target is not None
+    m.target = weight
+    return m
+
+
+def _thin(mean: float, std: float, n: int = 5, timeouts: int = 0) -> Measurement:
+    return Measurement("v", "d", 1.0, 0.3, n + timeouts, n, 0, timeouts, mean, mean, mean, mean, None, "t",
+                       latency_std=std)
+
+
+def test_a_drop_a_few_probes_do_not_prove_is_measured_again_and_the_pooled_rounds_decide() -> None:
+    """l_0 = 10 ms, drop at 50 ms. Five probes at 55 ms (exponential spread) prove nothing: the same
+    weight is measured again; with the next round at 30 ms the ten probes average 42.5 ms, no drop."""
+    s, l0 = ControllerSettings(), 0.010
+    m = _walked_to(0.3, l0)
+    m.record(0.3, _thin(0.055, 0.055), s, 0.1, 2.0, scheduled=True)
+    assert m.target == 0.3 and m.w_max == pytest.approx(0.1) and m.unconfirmed is not None
+    m.record(0.3, _thin(0.030, 0.030), s, 0.1, 3.0, scheduled=True)
+    assert m.unconfirmed is None and m.w_max == pytest.approx(0.3) and not m.last_dropped
+    assert (0.3, pytest.approx(0.0425), False) in m.points
+
+
+def test_a_drop_the_second_round_confirms_backtracks_and_failures_or_proof_act_at_once() -> None:
+    s, l0 = ControllerSettings(), 0.010
+    m = _walked_to(0.3, l0)
+    m.record(0.3, _thin(0.080, 0.080), s, 0.1, 2.0, scheduled=True)
+    m.record(0.3, _thin(0.070, 0.070), s, 0.1, 3.0, scheduled=True)
+    assert m.last_dropped and m.w_max == pytest.approx(0.1) and m.target == pytest.approx(0.2)
+    failing = _walked_to(0.3, l0)
+    failing.record(0.3, _thin(0.020, 0.020, n=3, timeouts=2), s, 0.1, 2.0, scheduled=True)
+    assert failing.last_dropped and failing.unconfirmed is None
+    proven = _walked_to(0.3, l0)
+    proven.record(0.3, _thin(0.080, 0.080, n=100), s, 0.1, 2.0, scheduled=True)  # lower bound 64 ms
+    assert proven.last_dropped and proven.unconfirmed is None
+
+
 def _measure(capacity_share: float, settings: ControllerSettings, n_dips: int = 10) -> DipMeasurement:
     """Drive one DIP's Algorithm 1 with exact (noise-free) M/M/1 latencies, every weight scheduled."""
     rate = 1000.0
