@@ -65,6 +65,7 @@ from knapsack_lb.controller.estimation import (
     by_weight,
     changed,
     estimate,
+    mean_lower_bound,
     pool_prior,
     round_evidence,
 )
@@ -769,8 +770,12 @@ class VipController:
             weight = self._weight_of(name, m)
             watch = self.settings.dynamics.overload_watch
             drop = self.settings.measurement.drop_latency_factor * dip.l0 if dip.l0 and watch else math.inf
+            lower = None
+            if m.latency_std is not None and m.successes >= 2 and math.isfinite(m.latency_std):
+                lower = mean_lower_bound(m.latency_mean, m.latency_std, m.successes, self.settings.learning.confidence)
             rounds[name] = RoundView(weight, m.latency_mean, m.timeouts / m.sent if m.sent else 1.0,
-                                     round_noise(m.latency_mean, m.latency_p50, m.latency_p90, m.successes), drop)
+                                     round_noise(m.latency_mean, m.latency_p50, m.latency_p90, m.successes), drop,
+                                     lower)
             curves[name] = (dip.curve_obj(), dip.w_max)
         if not rounds:
             return []

@@ -21,7 +21,10 @@ paper's example: 5 ms at 0.5, now 7 ms at 0.5, the old curve reached 7 ms at 0.6
   deviations, with a robust standard error, and corrected when significant.
 * Capacity change: one DIP's latency is off its curve's estimate by more than
   ``dynamics.capacity_change_threshold`` (paper: 20 %) for ``dynamics.change_confirmations`` rounds, or at once
-  when its round is a drop (it is overloaded now); only that DIP's curve is rescaled. Ours:
+  when its round is a drop (it is overloaded now); only that DIP's curve is rescaled. Ours: a drop by a
+  round's mean that the round's own lower confidence bound does not reach (``RoundView.lower``: five
+  probes near saturation cross the drop level by chance) waits for the next round, and the two
+  rounds' mean decides; timeouts act at once. Ours:
   below the curve's knee (elasticity under ``refresh.knee_elasticity`` at the DIP's weight)
   one noisy inverse is a guess - a wild one where the curve is flat - so a gain sends the DIP
   back to Algorithm 1 instead (``dynamics.remeasure_on_gain``; an upward guess can plan past the true
@@ -52,7 +55,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.curves import LatencyCurve
@@ -191,9 +194,10 @@ class DipTrack:
 
     deviations: list[float] = field(default_factory=list)
     pending: int = 0
+    suspect: float | None = None  # the latency of an overload its round did not prove, awaiting the next
 
     def reset(self) -> None:
-        self.deviations, self.pending = [], 0
+        self.deviations, self.pending, self.suspect = [], 0, None
 
 
 @dataclass
@@ -214,6 +218,7 @@ class RoundView:
     timeout_share: float
     noise: float = 0.0  # standard error of ln(latency) from this round's own spread (0 = unknown)
     drop_latency: float = math.inf  # section 4.3's drop: at or above this latency the DIP is overloaded
+    lower: float | None = None  # the lower confidence bound of its mean latency (None: the round does not say)
 
 
 @dataclass(frozen=True)
@@ -321,7 +326,16 @@ class ChangeDetector:
             if dip in overload_only and view.weight > w_max * (1 + 1e-6):
                 continue  # a measurement round's remainder put it past its curve's limit: overload is no news
             timed_out = view.timeout_share > s.measurement.drop_failure_share
-            if timed_out or self._overloaded(view, curve):
+            overloaded = self._overloaded(view, curve)
+            if overloaded and not timed_out and view.lower is not None and view.lower < view.drop_latency:
+                # the mean of a few probes reaches the drop level by chance: the next round decides, pooled
+                if track.suspect is None:
+                    track.suspect = view.latency
+                    continue
+                view = replace(view, latency=(track.suspect + view.latency) / 2)
+                overloaded = self._overloaded(view, curve)
+            track.suspect = None
+            if timed_out or overloaded:
                 served = view.weight * (1 - view.timeout_share)
                 k = min(1.0, max(K_EVENT_MIN, 0.9 * served / w_max)) if w_max > 0 else K_EVENT_MIN
                 if k < 1.0:

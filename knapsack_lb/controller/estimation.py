@@ -182,6 +182,11 @@ def critical(z: float, n: int) -> float:
     return float(student_t.ppf(normal.cdf(z), n - 1))
 
 
+def mean_lower_bound(mean: float, std: float, n: int, z: float) -> float:
+    """The lower confidence bound of the mean of ``n`` probes with this spread (Student's t, :func:`critical`)."""
+    return mean - critical(z, n) * std / math.sqrt(n)
+
+
 def is_overload(r: RoundEvidence, unloaded: float | None, drop_factor: float, failure_share: float,
                 z: float) -> bool:
     """The paper's drop (section 4.3): failed probes, or a latency of ``drop_factor`` times unloaded
@@ -196,7 +201,7 @@ def is_overload(r: RoundEvidence, unloaded: float | None, drop_factor: float, fa
         return True
     if unloaded is None or r.n < 2:
         return False
-    return r.mean - critical(z, r.n) * r.std / math.sqrt(r.n) >= drop_factor * unloaded
+    return mean_lower_bound(r.mean, r.std, r.n, z) >= drop_factor * unloaded
 
 
 @dataclass(frozen=True)

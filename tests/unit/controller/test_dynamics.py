@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -210,6 +211,24 @@ def test_a_drop_level_latency_far_above_the_curve_is_overload_cut_at_once(overlo
         rounds, curves, pool=not overload_only, overload_only=overload_only)
     assert set(verdict.capacity) == {"d"} and verdict.capacity["d"] == pytest.approx(0.9)
     assert "is a drop" in verdict.notes[0] and "4.0x its curve" in verdict.notes[0]
+
+
+def test_an_overload_its_round_does_not_prove_waits_for_the_next_round_pooled() -> None:
+    """Five probes at 4x the curve whose lower confidence bound is below the drop level: no cut yet.
+    A second such round cuts; a calm second round (pooled: 2.5x, no drop) does not."""
+    det = ChangeDetector(ControllerSettings(dynamics=DynamicsSettings(change_confirmations=3)))
+    rounds, curves = _overload_round(4.0)
+    thin = replace(rounds["d"], lower=0.5 * rounds["d"].drop_latency)
+    assert not det.observe(rounds | {"d": thin}, curves, pool=False, overload_only=frozenset("abcd")).capacity
+    verdict = det.observe(rounds | {"d": thin}, curves, pool=False, overload_only=frozenset("abcd"))
+    assert verdict.capacity["d"] == pytest.approx(0.9)
+    det = ChangeDetector(ControllerSettings(dynamics=DynamicsSettings(change_confirmations=3)))
+    calm = replace(thin, latency=curves["d"][0].latency(0.3), lower=0.5 * curves["d"][0].latency(0.3))
+    assert not det.observe(rounds | {"d": thin}, curves, pool=False, overload_only=frozenset("abcd")).capacity
+    assert not det.observe(rounds | {"d": calm}, curves, pool=False, overload_only=frozenset("abcd")).capacity
+    proven = replace(rounds["d"], lower=2 * rounds["d"].drop_latency)
+    det = ChangeDetector(ControllerSettings(dynamics=DynamicsSettings(change_confirmations=3)))
+    assert det.observe(rounds | {"d": proven}, curves, pool=False, overload_only=frozenset("abcd")).capacity
 
 
 def test_a_latency_below_three_times_the_curve_or_the_drop_level_is_not_overload() -> None:
