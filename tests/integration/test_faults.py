@@ -83,7 +83,8 @@ def _check_recovery(redis: RedisServer, before: tuple[int, int], down: float, up
     assert resumed, "the controller did not resume within a few intervals of Redis coming back"
     after = wait_until(lambda: read_store(redis, counts), lambda c: c[0] > before[0], timeout=10)
     assert after[0] >= before[0]  # nothing stored before the outage was lost
-    times = read_store(redis, _round_times)
+    # the probe worker retries the store with backoff (at most 5 s): its buffer may land after the controller resumed
+    times = wait_until(lambda: read_store(redis, _round_times), lambda ts: any(down < t < up for t in ts), timeout=15)
     assert any(down < t < up for t in times), "rounds probed during the outage were not written when Redis returned"
     versions = read_store(redis, _plan_versions)
     assert versions == sorted(set(versions))
