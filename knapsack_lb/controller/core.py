@@ -796,16 +796,17 @@ class VipController:
                 continue
             self._rescale(dip, k)
             if name in verdict.observed and self.settings.dynamics.learn_operating_points:
-                self._learn_point(dip, *verdict.observed[name], now=now)
+                self._learn_point(dip, *verdict.observed[name], now=now, loss=k < 1)
         return list(verdict.notes)
 
-    def _learn_point(self, dip: DipState, weight: float, latency: float, *, now: float) -> None:
+    def _learn_point(self, dip: DipState, weight: float, latency: float, *, now: float, loss: bool) -> None:
         """Ours: keep the averaged observation at the operating point and refit, so a curve whose
-        *shape* is wrong there (not its scale) is corrected too; nearby old points are replaced."""
+        *shape* is wrong there (not its scale) is corrected too; nearby old points are replaced. After
+        a loss the point is where the DIP was too slow: it never raises ``w_max`` back above the cut."""
         dip.points = [(w, lat) for w, lat in dip.points if w <= 0 or abs(w - weight) > 0.05 * weight]
         dip.points = [*dip.points, (weight, latency)][-self.settings.fitting.max_points:]
         if len({round(w, 12) for w, _ in dip.points}) >= 2:
-            self._fit(dip, now, w_max=max(dip.w_max, weight))
+            self._fit(dip, now, w_max=dip.w_max if loss else max(dip.w_max, weight))
 
     def _rescale(self, dip: DipState, k: float) -> None:
         """Section 4.5: multiply the curve's weights (and w_max, and its points) by ``k``."""

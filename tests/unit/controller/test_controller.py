@@ -419,3 +419,20 @@ def test_a_returning_dip_the_others_cannot_cover_for_is_covered_by_their_stretch
     assert any("caps stretched" in r and "placed by their curves" in r for r in plan.reasons), plan.reasons
     assert PlanFlag.OVER_CAPACITY in plan.flags
     assert max(loop.model.utilisation(plan.weights).values()) < 1.1  # the pool itself is at 100 %
+
+
+def test_a_capacity_loss_is_not_undone_by_the_point_that_showed_it(algorithm1_loop: Loop) -> None:
+    """The detector cuts a slower DIP's curve and w_max by k and keeps the averaged point where it was
+    too slow (``learn_operating_points``): that point must not raise w_max back above the cut (a full
+    demo ended with its 0.8 DIP at 156 % of its capacity that way). A gain's point may raise it."""
+    loop = algorithm1_loop
+    loop.until_built()
+    ctl, dip = loop.ctl, loop.ctl.dips["c"]
+    before = dip.w_max
+    weight = before * 0.98
+    slower = 1.6 * dip.curve_obj().latency(weight)
+    ctl._rescale(dip, 0.658)
+    ctl._learn_point(dip, weight, slower, now=loop.now, loss=True)
+    assert dip.w_max <= before * 0.658 * (1 + 1e-9)
+    ctl._learn_point(dip, weight, 0.5 * slower, now=loop.now, loss=False)
+    assert dip.w_max == pytest.approx(weight)
