@@ -32,7 +32,7 @@ curve is learned:
   cap falls to half of it, or to the largest weight it carried cleanly below it (multiplicative
   decrease).
 * **Changes forget the past.** A clean round that disagrees with the fitted curve by more than
-  ``z`` combined standard errors and ``capacity_change_threshold`` (the paper's 20 %) drops the
+  ``z`` standard errors of its log-latency and ``capacity_change_threshold`` (the paper's 20 %) drops the
   DIP's older rounds (:func:`changed`), so a capacity change is learned afresh from the rounds
   after it (a traffic change moves every DIP's rounds instead: :mod:`knapsack_lb.controller.traffic`);
   rounds older than ``window`` seconds are forgotten anyway.
@@ -285,8 +285,9 @@ def estimate(
 def changed(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z: float, threshold: float,
             failure_share: float, dispersion: float = 1.0, confirmations: int = 1) -> bool:
     """The newest ``confirmations`` rounds all disagree with ``curve`` the same way: each off by more
-    than ``z`` of its standard error (Student's t for a round's few probes, :func:`critical`; scaled
-    by the fit's ``dispersion``) and by more than ``threshold`` relative (the paper's 20 %
+    than ``z`` of its standard error on the log scale (the round's coefficient of variation over
+    ``sqrt(n)``; Student's t for a round's few probes, :func:`critical`; scaled by the fit's
+    ``dispersion``) and by more than ``threshold`` relative (the paper's 20 %
     capacity-change test, on a confidence bound instead of a single round). A round with failed
     probes at a weight the curve calls safe disagrees upwards."""
     recent = list(rounds[-confirmations:])
@@ -301,8 +302,12 @@ def changed(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z: float, t
             signs.add(True)
             continue
         gap = r.mean - expected
-        noise = critical(z, r.n) * r.std / math.sqrt(r.n) * math.sqrt(dispersion)
-        if abs(gap) <= noise or abs(gap) <= threshold * expected:
+        # on the log scale, where a latency halved and one doubled are the same news: the standard error of
+        # a mean's logarithm is the round's coefficient of variation over sqrt(n) (a latency's spread grows
+        # with its mean, so a round that came out low by chance also has a low spread: judged on its own
+        # spread, chance looks like a gain)
+        noise = critical(z, r.n) * r.std / r.mean / math.sqrt(r.n) * math.sqrt(dispersion)
+        if abs(math.log(r.mean / expected)) <= noise or abs(gap) <= threshold * expected:
             return False
         signs.add(gap > 0)
     return len(signs) == 1

@@ -167,14 +167,33 @@ def test_a_change_needs_confirmed_disagreement_beyond_noise() -> None:
     assert changed(failing, curve, z=Z, threshold=0.2, failure_share=0.01, confirmations=2)
 
 
+def test_a_change_is_judged_on_the_log_scale_with_the_rounds_coefficient_of_variation() -> None:
+    """A latency's spread grows with its mean, so a round that came out low by chance has a low spread
+    too: judged on that spread alone, chance looks like a capacity gain. On the log scale a round at
+    1/1.5 of its curve is the same news as one at 1.5 times it. Twenty probes with a coefficient of
+    variation of 1 (exponential): t(19) at z = 2 is 2.09, so the bound is 2.09 / sqrt(20) = 0.47 in
+    log, beyond ln 1.5 = 0.41 and within ln 2.5 = 0.92."""
+    curve = UtilisationCurve(0.005, 1.0, 1.0)
+    at = curve.latency(0.7)
+
+    def twice(mean: float) -> list[RoundEvidence]:
+        return [RoundEvidence(t, 0.7, mean, mean, 20, 0.0) for t in (0.0, 5.0)]
+
+    kw = {"z": Z, "threshold": 0.2, "failure_share": 0.01, "confirmations": 2}
+    assert not changed(twice(at / 1.5), curve, **kw)
+    assert not changed(twice(at * 1.5), curve, **kw)
+    assert changed(twice(at / 2.5), curve, **kw)
+    assert changed(twice(at * 2.5), curve, **kw)
+
+
 def test_a_few_probes_need_students_t_not_z() -> None:
     assert critical(2.0, 5) == pytest.approx(2.87, abs=0.01)  # t quantile, 4 degrees of freedom, p = 0.977
     assert critical(2.0, 1000) == pytest.approx(2.0, abs=0.01)
     assert critical(2.0, 1) == 2.0  # no spread of its own: the assumed exponential spread, z stands
     curve = UtilisationCurve(0.010, 1.0, 1.0)
     at = curve.latency(0.25)
-    # five probes 2.5 standard errors above the curve: beyond z = 2, not beyond t(4)
-    few = RoundEvidence(0.0, 0.25, at * 1.5, at * 0.5 / 2.5 * math.sqrt(5), 5, 0.0)
+    # five probes 2.5 standard errors (of the log-latency) above the curve: beyond z = 2, not beyond t(4)
+    few = RoundEvidence(0.0, 0.25, at * 1.5, at * 1.5 * math.log(1.5) / 2.5 * math.sqrt(5), 5, 0.0)
     assert not changed([few], curve, z=Z, threshold=0.2, failure_share=0.01)
     assert changed([few], curve, z=1.5, threshold=0.2, failure_share=0.01)  # t(4) at z = 1.5: 1.8
 
