@@ -39,12 +39,26 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LINUX_EPHEMERAL_FLOOR = 32768  # the kernel's default lower bound of the ephemeral range
+
+
+def ephemeral_port_floor(ranges: Path = EPHEMERAL_RANGE) -> int:
+    """The lowest port the kernel hands to outgoing connections (Linux's default when unreadable)."""
+    try:
+        return int(ranges.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return LINUX_EPHEMERAL_FLOOR
+
+
 def free_cluster_port(host: str = "127.0.0.1", taken: Sequence[int] = ()) -> int:
-    """A port for a Redis Cluster node: free, at most 55535, and with its cluster bus port (port +
-    10000) free as well; ``taken`` are ports already handed out. ``OSError`` if none is found."""
+    """A port for a Redis Cluster node: free, with its cluster bus port (port + 10000) free as well
+    and below the ephemeral range, where no outgoing connection can take it before the node binds
+    it; ``taken`` are ports already handed out. ``OSError`` if none is found."""
     rng = random.Random()
+    top = max(ephemeral_port_floor() - 10000, 12000)  # a kernel with a low floor: a small range, still free-checked
     for _ in range(1000):
-        port = rng.randrange(20000, 45000)
+        port = rng.randrange(10000, top)
         if port in taken or port + 10000 in taken or port - 10000 in taken:
             continue
         if port_is_free(host, port) and port_is_free(host, port + 10000):
