@@ -39,6 +39,7 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+CLUSTER_BUS_OFFSET = 10000  # a Redis Cluster node also listens on its port + this (the cluster bus)
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LINUX_EPHEMERAL_FLOOR = 32768  # the kernel's default lower bound of the ephemeral range
 
@@ -56,14 +57,15 @@ def free_cluster_port(host: str = "127.0.0.1", taken: Sequence[int] = ()) -> int
     and below the ephemeral range, where no outgoing connection can take it before the node binds
     it; ``taken`` are ports already handed out. ``OSError`` if none is found."""
     rng = random.Random()
-    top = max(ephemeral_port_floor() - 10000, 12000)  # a kernel with a low floor: a small range, still free-checked
+    bus = CLUSTER_BUS_OFFSET
+    top = max(ephemeral_port_floor() - bus, 12000)  # a kernel with a low floor: a small range, still free-checked
     for _ in range(1000):
         port = rng.randrange(10000, top)
-        if port in taken or port + 10000 in taken or port - 10000 in taken:
+        if port in taken or port + bus in taken or port - bus in taken:
             continue
-        if port_is_free(host, port) and port_is_free(host, port + 10000):
+        if port_is_free(host, port) and port_is_free(host, port + bus):
             return port
-    raise OSError(f"no free pair of ports (port, port + 10000) found on {host}")
+    raise OSError(f"no free pair of ports (port, port + {bus}) found on {host}")
 
 
 def wait_for_port(host: str, port: int, timeout: float = 10.0) -> None:

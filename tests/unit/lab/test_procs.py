@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from knapsack_lb.lab.procs import ephemeral_port_floor, free_cluster_port
+from knapsack_lb.lab.procs import CLUSTER_BUS_OFFSET, ephemeral_port_floor, free_cluster_port
 
 
 def test_a_cluster_nodes_bus_port_is_below_the_ephemeral_range() -> None:
@@ -16,7 +16,7 @@ def test_a_cluster_nodes_bus_port_is_below_the_ephemeral_range() -> None:
     for _ in range(50):
         port = free_cluster_port(taken=taken)
         taken.append(port)
-        assert port >= 1024 and port + 10000 < floor
+        assert port >= 1024 and port + CLUSTER_BUS_OFFSET < floor
     assert len(set(taken)) == len(taken)
 
 
