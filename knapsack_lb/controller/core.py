@@ -64,6 +64,7 @@ from knapsack_lb.controller.estimation import (
     Estimate,
     by_weight,
     changed,
+    disagreement,
     estimate,
     mean_lower_bound,
     pool_prior,
@@ -241,6 +242,7 @@ class VipController:
             # a round that served a measurement (even its last one) is not also a verdict on the new curve
             reasons += self._dynamics(now, {n: m for n, m in trusted.items() if n not in measured})
             reasons += self._refresh(now, set(remeasure))
+        reasons += self._hold_disputed_ramps(now, trusted)
         plan = self._plan(now, config, reasons)
         for reason in reasons:
             self.events_log.append((now, reason))
@@ -1016,6 +1018,32 @@ class VipController:
         return self._emit(weights, now, PlanMethod.MEASUREMENT,
                           [*reasons, note] + ([schedule.note] if schedule.note else []), flags=(PlanFlag.MEASURING,),
                           force=True)
+
+    def _hold_disputed_ramps(self, now: float, trusted: Mapping[str, Measurement]) -> list[str]:
+        """Ours: a ramp climbs on evidence, not on time alone. A returning DIP whose newest round sits
+        significantly above its kept curve (:func:`disagreement`) holds its ramp for an interval: it
+        may have come back on a slower host, and the next step would raise it on a curve its rounds
+        dispute. A second such round is the capacity change the learner or the detector acts on; a
+        time-only ramp (HAProxy's and Envoy's slow start) would meanwhile have finished at the old
+        curve's weight. The round is judged on its own noise, not scaled by the fit's dispersion: the
+        rounds that dispute a kept curve are the ones that inflate it (25x on the fluid dynamics'
+        return phase), and a hold costs one interval of the ramp, not the curve."""
+        s = self.settings
+        reasons = []
+        for name, m in trusted.items():
+            dip = self.dips.get(name)
+            if dip is None or dip.returned_at is None or not dip.ready or dip.failed or dip.measuring is not None:
+                continue
+            evidence = round_evidence(m, self._weight_of(name, m))
+            if evidence is None or evidence.weight <= 0:
+                continue
+            if disagreement(evidence, dip.curve_obj(), z=s.learning.confidence,
+                            threshold=s.dynamics.capacity_change_threshold,
+                            failure_share=s.measurement.drop_failure_share) == 1:
+                dip.returned_at = min(now, dip.returned_at + s.loop.interval)
+                reasons.append(f"slow start held: {name} measured {evidence.mean * 1e3:.1f}ms at weight "
+                               f"{evidence.weight:.3f}, above its curve")
+        return reasons
 
     def _ramp_caps(self, now: float, solved: Mapping[str, float], live: Sequence[str]) -> dict[str, float]:
         """Slow start: a returning DIP's cap rises linearly from ``min_weight`` to its solved weight."""

@@ -282,35 +282,42 @@ def estimate(
     return Estimate(curve, saturation, max(0.0, low), overloaded, len(bins), shapes.dispersion)
 
 
+def disagreement(r: RoundEvidence, curve: LatencyCurve, *, z: float, threshold: float, failure_share: float,
+                 dispersion: float = 1.0) -> int | None:
+    """How one round stands against ``curve``: +1 above it, -1 below it, 0 within its noise or
+    ``threshold``; None when the curve does not say (no finite estimate at the round's weight).
+
+    Off means by more than ``z`` of its standard error on the log scale (the round's coefficient of
+    variation over ``sqrt(n)``; Student's t for a round's few probes, :func:`critical`; scaled by the
+    fit's ``dispersion``) and by more than ``threshold`` relative (the paper's 20 % capacity-change
+    test, on a confidence bound instead of a single round). A round with failed probes at a weight
+    the curve calls safe is above it."""
+    expected = curve.latency(r.weight)
+    if not math.isfinite(expected) or expected <= 0:
+        return None
+    if r.n == 0 or r.failed > failure_share:
+        return 1
+    gap = r.mean - expected
+    # on the log scale, where a latency halved and one doubled are the same news: the standard error of
+    # a mean's logarithm is the round's coefficient of variation over sqrt(n) (a latency's spread grows
+    # with its mean, so a round that came out low by chance also has a low spread: judged on its own
+    # spread, chance looks like a gain)
+    noise = critical(z, r.n) * r.std / r.mean / math.sqrt(r.n) * math.sqrt(dispersion)
+    if abs(math.log(r.mean / expected)) <= noise or abs(gap) <= threshold * expected:
+        return 0
+    return 1 if gap > 0 else -1
+
+
 def changed(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z: float, threshold: float,
             failure_share: float, dispersion: float = 1.0, confirmations: int = 1) -> bool:
-    """The newest ``confirmations`` rounds all disagree with ``curve`` the same way: each off by more
-    than ``z`` of its standard error on the log scale (the round's coefficient of variation over
-    ``sqrt(n)``; Student's t for a round's few probes, :func:`critical`; scaled by the fit's
-    ``dispersion``) and by more than ``threshold`` relative (the paper's 20 %
-    capacity-change test, on a confidence bound instead of a single round). A round with failed
-    probes at a weight the curve calls safe disagrees upwards."""
+    """The newest ``confirmations`` rounds all disagree with ``curve`` the same way (each by
+    :func:`disagreement`)."""
     recent = list(rounds[-confirmations:])
     if len(recent) < confirmations:
         return False
-    signs = set()
-    for r in recent:
-        expected = curve.latency(r.weight)
-        if not math.isfinite(expected) or expected <= 0:
-            return False
-        if r.n == 0 or r.failed > failure_share:
-            signs.add(True)
-            continue
-        gap = r.mean - expected
-        # on the log scale, where a latency halved and one doubled are the same news: the standard error of
-        # a mean's logarithm is the round's coefficient of variation over sqrt(n) (a latency's spread grows
-        # with its mean, so a round that came out low by chance also has a low spread: judged on its own
-        # spread, chance looks like a gain)
-        noise = critical(z, r.n) * r.std / r.mean / math.sqrt(r.n) * math.sqrt(dispersion)
-        if abs(math.log(r.mean / expected)) <= noise or abs(gap) <= threshold * expected:
-            return False
-        signs.add(gap > 0)
-    return len(signs) == 1
+    signs = {disagreement(r, curve, z=z, threshold=threshold, failure_share=failure_share, dispersion=dispersion)
+             for r in recent}
+    return len(signs) == 1 and signs <= {1, -1}
 
 
 def pool_prior(lowest: Sequence[float]) -> float | None:

@@ -436,3 +436,29 @@ def test_a_capacity_loss_is_not_undone_by_the_point_that_showed_it(algorithm1_lo
     assert dip.w_max <= before * 0.658 * (1 + 1e-9)
     ctl._learn_point(dip, weight, 0.5 * slower, now=loop.now, loss=False)
     assert dip.w_max == pytest.approx(weight)
+
+
+@pytest.mark.parametrize("settings", [FAST, ALGORITHM1], ids=["learner", "algorithm1"])
+def test_a_dip_that_returns_on_a_slower_host_holds_its_ramp_instead_of_climbing_past_capacity(
+        settings: ControllerSettings) -> None:
+    """``d`` (half the pool's cores) fails and comes back with half its capacity: its kept curve is
+    wrong by 2x. Its ramp's rounds sit above that curve, so the ramp holds instead of climbing on
+    time alone to the old curve's weight, and no plan gives ``d`` more than it can serve."""
+    dips = small_pool()
+    model = FluidModel(dips, total_rate=0.6 * sum(d.capacity for d in dips), seed=5)
+    model.set_weights({d.name: 1.0 for d in dips}, 0.0)
+    loop = Loop(model, VipController("vip", [d.name for d in dips], settings, rng=random.Random(1)))
+    loop.until_built(limit=120)
+    for _ in range(6):
+        loop.tick()
+    loop.model.fail("d")
+    for _ in range(3):
+        loop.tick()
+    loop.model.set_capacity_factor("d", 0.5)
+    loop.model.restore("d")
+    start = len(loop.plans)
+    for _ in range(2 * int(settings.rails.slow_start / settings.loop.interval) + 6):
+        loop.tick()
+    plans = loop.plans[start:]
+    assert any("slow start held: d" in r for p in plans for r in p.reasons)
+    assert max(loop.model.utilisation(p.weights)["d"] for p in plans) < 1.0

@@ -15,6 +15,7 @@ from knapsack_lb.controller.estimation import (
     by_weight,
     changed,
     critical,
+    disagreement,
     estimate,
     is_overload,
     pool_prior,
@@ -165,6 +166,19 @@ def test_a_change_needs_confirmed_disagreement_beyond_noise() -> None:
     assert not changed(mixed, curve, z=Z, threshold=0.2, failure_share=0.01, confirmations=2)
     failing = [_round(0, 0.25, at, failed=0.5), _round(5, 0.25, at * 1.5)]
     assert changed(failing, curve, z=Z, threshold=0.2, failure_share=0.01, confirmations=2)
+
+
+def test_one_rounds_disagreement_has_a_direction_and_a_curve_that_says_nothing_gives_none() -> None:
+    curve = UtilisationCurve(0.010, 0.5, 1.0)
+    at = curve.latency(0.25)
+    kw = {"z": Z, "threshold": 0.2, "failure_share": 0.01}
+    assert disagreement(_round(0, 0.25, at * 1.05), curve, **kw) == 0
+    assert disagreement(_round(0, 0.25, at * 1.5), curve, **kw) == 1
+    assert disagreement(_round(0, 0.25, at / 1.5), curve, **kw) == -1
+    assert disagreement(_round(0, 0.25, at, failed=0.5), curve, **kw) == 1  # failed probes at a safe weight
+    assert disagreement(_round(0, 0.6, 1.0), curve, **kw) is None  # past the curve's asymptote
+    # a fit whose rounds vary 25x more than their spread says widens the bound 5x (0.1 -> 0.5 in log): 1.5x is noise
+    assert disagreement(_round(0, 0.25, at * 1.5), curve, dispersion=25.0, **kw) == 0
 
 
 def test_a_change_is_judged_on_the_log_scale_with_the_rounds_coefficient_of_variation() -> None:
