@@ -248,7 +248,9 @@ class DemoRun:
         settle window (:mod:`knapsack_lb.lab.demo.settle`; at least ``learn_min_seconds`` in all, at most
         ``learn_max_seconds``). Not counted."""
         s = self.settings
-        view.message(f"[bold]learning[/bold]: KnapsackLB controller unpaused (learning from every round); traffic "
+        how = {"algorithm1": "Algorithm 1's measurement rounds", "estimate": "learning from every round"}
+        method = tb.klb_config().controller.learning.method
+        view.message(f"[bold]learning[/bold]: KnapsackLB controller unpaused ({how.get(method, method)}); traffic "
                      f"not counted, {s.learn_min_seconds:g}-{s.learn_max_seconds:g} s")
         started = time.monotonic()
         watch = SettleWatch(s.settle_window)
