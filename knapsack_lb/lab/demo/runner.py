@@ -249,7 +249,7 @@ class DemoRun:
         ``learn_max_seconds``). Not counted."""
         s = self.settings
         how = {"algorithm1": "Algorithm 1's measurement rounds", "estimate": "learning from every round"}
-        method = tb.klb_config().controller.learning.method
+        method = runner.config.controller.learning.method
         view.message(f"[bold]learning[/bold]: KnapsackLB controller unpaused ({how.get(method, method)}); traffic "
                      f"not counted, {s.learn_min_seconds:g}-{s.learn_max_seconds:g} s")
         started = time.monotonic()
