@@ -775,9 +775,11 @@ class VipController:
             lower = None
             if m.latency_std is not None and m.successes >= 2 and math.isfinite(m.latency_std):
                 lower = mean_lower_bound(m.latency_mean, m.latency_std, m.successes, self.settings.learning.confidence)
+            # a relative leave-one-out error e is about ln(1 + e) in log-latency
+            curve_error = math.log1p(dip.fit_error) if dip.fit_error is not None else 0.0
             rounds[name] = RoundView(weight, m.latency_mean, m.timeouts / m.sent if m.sent else 1.0,
                                      round_noise(m.latency_mean, m.latency_p50, m.latency_p90, m.successes), drop,
-                                     lower)
+                                     lower, curve_error)
             curves[name] = (dip.curve_obj(), dip.w_max)
         if not rounds:
             return []

@@ -12,7 +12,10 @@ paper's example: 5 ms at 0.5, now 7 ms at 0.5, the old curve reached 7 ms at 0.6
   the median relative change over the judged DIPs exceeds ``dynamics.traffic_change_threshold`` and
   at least ``dynamics.traffic_change_quorum`` of them moved the same way, for
   ``dynamics.change_confirmations`` rounds; every curve is then shifted by the *median* ``k`` (traffic
-  moves every DIP alike; the median is robust to the noise of one DIP).
+  moves every DIP alike; the median is robust to the noise of one DIP). Ours: the median must also
+  exceed ``NOISE_SIGMAS`` of its standard error (from each round's noise and each curve's error,
+  see "Noise" below), and a ``k`` that points the other way than the median deviation (the
+  confirming rounds' means disagree with this round) is not taken.
 * Traffic shift estimate (ours): the per-DIP factors are combined by a median weighted by each
   DIP's squared elasticity ``(d ln l / d ln w)^2`` at its weight, over the mean of the
   confirming rounds: a DIP in the flat part of its curve says little about its load.
@@ -35,7 +38,11 @@ paper's example: 5 ms at 0.5, now 7 ms at 0.5, the old curve reached 7 ms at 0.6
 * Noise (ours): a capacity change must also exceed ``NOISE_SIGMAS`` standard errors of the
   recent mean deviation, each round's error estimated from its own spread
   (:func:`round_noise`); the paper's 20 % is about 2 standard errors of a 100-request round at
-  high utilisation, where the sojourn time is most variable.
+  high utilisation, where the sojourn time is most variable. The curve's own error at the
+  operating point (its leave-one-out error, ``RoundView.curve_error``) adds to that error and,
+  unlike the rounds' noise, does not average down: Algorithm 1's curve from a few 5-request
+  rounds can mispredict by a factor of 2 or 3, and a rescale then chases the curve's error, not
+  the DIP's capacity.
 * Failures are handled by the controller (no successful probe: removed, re-solved).
 * Refresh: finished curves older than ``refresh.period`` are re-measured, at most
   ``refresh.budget`` of the pool's estimated capacity (sum of ``w_max``) at once.
@@ -189,15 +196,29 @@ def pooled_shift(deviations: Mapping[str, float], slopes: Mapping[str, float]) -
 class DipTrack:
     """What the detector remembers about one DIP since its curve last changed: the
     log-deviations ``log(observed / curve estimate)`` of its last rounds (at whatever weight:
-    each is relative to the curve at that round's weight) and how many rounds in a row their
-    mean was beyond the capacity threshold."""
+    each is relative to the curve at that round's weight) with each round's standard error, and
+    how many rounds in a row their mean was beyond the capacity threshold."""
 
     deviations: list[float] = field(default_factory=list)
     pending: int = 0
     suspect: float | None = None  # the latency of an overload its round did not prove, awaiting the next
+    noises: list[float] = field(default_factory=list)  # each deviation's standard error (its round's own noise)
+
+    def record(self, deviation: float, noise: float) -> None:
+        """Keep one round's deviation and its standard error (the last ``RECENT_ROUNDS``)."""
+        noises = self.noises if len(self.noises) == len(self.deviations) else [0.0] * len(self.deviations)
+        self.deviations = [*self.deviations, deviation][-RECENT_ROUNDS:]
+        self.noises = [*noises, noise][-RECENT_ROUNDS:]
+
+    def mean_error(self, curve_error: float) -> float:
+        """Standard error of the mean deviation: the rounds' own noise averages down over the rounds,
+        the curve's error at the operating point does not (every round is compared with the same curve)."""
+        n = len(self.noises)
+        rounds = math.sqrt(sum(x * x for x in self.noises)) / n if n else 0.0
+        return math.hypot(rounds, curve_error)
 
     def reset(self) -> None:
-        self.deviations, self.pending, self.suspect = [], 0, None
+        self.deviations, self.noises, self.pending, self.suspect = [], [], 0, None
 
 
 @dataclass
@@ -219,6 +240,7 @@ class RoundView:
     noise: float = 0.0  # standard error of ln(latency) from this round's own spread (0 = unknown)
     drop_latency: float = math.inf  # section 4.3's drop: at or above this latency the DIP is overloaded
     lower: float | None = None  # the lower confidence bound of its mean latency (None: the round does not say)
+    curve_error: float = 0.0  # standard error of ln(the curve's estimate) here, from its fit (0 = unknown)
 
 
 @dataclass(frozen=True)
@@ -280,12 +302,17 @@ class ChangeDetector:
         if pooled:
             med = statistics.median(deviation.values())
             same = sum(1 for x in deviation.values() if x * med > 0) / judged
-            if abs(med) > math.log1p(s.dynamics.traffic_change_threshold) and same >= s.dynamics.traffic_change_quorum:
+            # ours: the median of n deviations has a standard error of about sqrt(pi / 2) times their RMS
+            # error over sqrt(n); each deviation's error is its round's noise and its curve's error there
+            spread = statistics.fmean(rounds[d].noise ** 2 + rounds[d].curve_error ** 2 for d in deviation)
+            median_error = math.sqrt(math.pi / 2 * spread / judged)
+            if abs(med) > max(math.log1p(s.dynamics.traffic_change_threshold), NOISE_SIGMAS * median_error) \
+                    and same >= s.dynamics.traffic_change_quorum:
                 self.state.traffic_pending += 1
             else:
                 self.state.traffic_pending = 0
             for dip, x in deviation.items():
-                self.state.tracks[dip].deviations = [*self.state.tracks[dip].deviations, x][-RECENT_ROUNDS:]
+                self.state.tracks[dip].record(x, rounds[dip].noise)
             if self.state.traffic_pending >= s.dynamics.change_confirmations:
                 self.state.traffic_pending = 0
                 factors, slopes = [], []
@@ -299,15 +326,20 @@ class ChangeDetector:
                     if k is not None and K_MIN < k < K_MAX:  # a clamped inverse says nothing about the size
                         factors.append(math.log(k))
                         slopes.append(min(SLOPE_CAP, elasticity(curve, weight)) ** 2)
-                if factors:
-                    # slope-weighted median: a DIP in its curve's flat part gives a noisy inverse
-                    k = min(K_EVENT_MAX, max(K_EVENT_MIN, math.exp(weighted_median(factors, slopes))))
+                # slope-weighted median: a DIP in its curve's flat part gives a noisy inverse
+                shift = weighted_median(factors, slopes) if factors else 0.0
+                if shift * med < 0:  # latencies up, weights scaled down (or both the other way)
+                    k = min(K_EVENT_MAX, max(K_EVENT_MIN, math.exp(shift)))
                     notes.append(f"traffic change: median latency x{math.exp(med):.3f} against the curves on "
                                  f"{judged} DIPs, {same:.0%} the same way; every curve shifted by k={k:.3f}")
                     for dip in rounds:
                         self.state.tracks[dip].reset()
                     self.state.drift_pending = 0
                     return Verdict(traffic_factor=k, notes=tuple(notes))
+                if factors:
+                    # the confirming rounds' mean puts the DIPs the other way than this round's median
+                    notes.append(f"traffic change not taken: median latency x{math.exp(med):.3f} against the curves, "
+                                 f"but the DIPs' shift factors do not agree (k={math.exp(shift):.3f})")
             drift = self._drift(rounds, curves)
             if drift is not None:
                 k, note = drift
@@ -364,11 +396,12 @@ class ChangeDetector:
             if dip not in deviation or dip in overload_only:
                 continue
             if not pooled:  # else already recorded by the traffic judgement above
-                track.deviations = [*track.deviations, deviation[dip]][-RECENT_ROUNDS:]
+                track.record(deviation[dip], view.noise)
             mean_dev = statistics.fmean(track.deviations)
             # ours: beyond the paper's 20 %, also beyond NOISE_SIGMAS standard errors of the recent mean
-            # (at high utilisation one round's mean latency is noisier than the 20 % allows for)
-            noise = NOISE_SIGMAS * view.noise / math.sqrt(len(track.deviations))
+            # (at high utilisation one round's mean latency is noisier than the 20 % allows for, and a
+            # curve fitted to a few noisy rounds is itself off by its leave-one-out error)
+            noise = NOISE_SIGMAS * track.mean_error(view.curve_error)
             if abs(mean_dev) > max(math.log1p(s.dynamics.capacity_change_threshold), noise):
                 track.pending += 1
             else:

@@ -10,6 +10,7 @@ import pytest
 
 from knapsack_lb.controller.dynamics import (
     ChangeDetector,
+    DipTrack,
     RoundView,
     elasticity,
     estimate_drain_time,
@@ -186,6 +187,59 @@ def test_a_deviation_within_the_rounds_own_noise_is_not_a_capacity_change() -> N
         det = ChangeDetector(ControllerSettings(dynamics=DynamicsSettings(change_confirmations=1)))
         verdict = det.observe(calm | {"d": RoundView(0.2, 0.0065, 0.0, noise)}, curves)
         assert ("d" in verdict.capacity) is changed
+
+
+def test_the_mean_deviations_error_pools_each_rounds_own_noise_and_keeps_the_curves() -> None:
+    """Three rounds with standard errors 0.3, 0.4 and 0 (unknown): the mean's error is
+    sqrt(0.09 + 0.16) / 3 = 1/6; a curve error of 0.25 does not average down: hypot(1/6, 0.25)."""
+    track = DipTrack()
+    for deviation, noise in ((0.1, 0.3), (-0.2, 0.4), (0.4, 0.0)):
+        track.record(deviation, noise)
+    assert track.mean_error(0.0) == pytest.approx(1 / 6)
+    assert track.mean_error(0.25) == pytest.approx(math.hypot(1 / 6, 0.25))
+    track.record(0.0, 0.3)  # the window keeps the last three rounds
+    assert track.noises == [0.4, 0.0, 0.3] and track.deviations == [-0.2, 0.4, 0.0]
+
+
+def test_a_deviation_within_the_curves_own_fit_error_is_not_a_capacity_change() -> None:
+    """-50 % against a curve for three rounds of small noise is a capacity change, unless the curve
+    itself mispredicts held-out rounds by that much (a leave-one-out error of 2 is ln 3 = 1.1 in log)."""
+    curves = {d: (QueueingCurve(0.0, 0.001, 0.4), 0.3) for d in "abcd"}
+    calm = {d: RoundView(0.2, 0.002, 0.0) for d in "abc"}
+    for curve_error, changed in ((0.0, True), (math.log1p(2.0), False)):
+        det = ChangeDetector(ControllerSettings(dynamics=DynamicsSettings(change_confirmations=3)))
+        verdicts = [det.observe(calm | {"d": RoundView(0.2, 0.001, 0.0, 0.05, curve_error=curve_error)}, curves,
+                                pool=False) for _ in range(3)]
+        assert ("d" in verdicts[-1].capacity) is changed, verdicts
+
+
+def test_a_traffic_change_must_exceed_the_error_of_the_median_deviation() -> None:
+    """Three DIPs +60 % against their curves: a traffic change when the curves are exact, not when
+    each curve mispredicts by its leave-one-out error of 1 (the median's error is then about
+    sqrt(pi / 2) * ln 2 / sqrt(3) = 0.5, and 4 of them are far beyond ln 1.6 = 0.47)."""
+    curves = {d: (QueueingCurve(0.0, 0.001, 0.4), 0.3) for d in "abc"}
+    observed = 1.6 * curves["a"][0].latency(0.2)
+    for curve_error, changed in ((0.0, True), (math.log1p(1.0), False)):
+        det = ChangeDetector(ControllerSettings(dynamics=DynamicsSettings(change_confirmations=2)))
+        rounds = {d: RoundView(0.2, observed, 0.0, 0.05, curve_error=curve_error) for d in "abc"}
+        verdicts = [det.observe(rounds, curves) for _ in range(2)]
+        assert (verdicts[-1].traffic_factor is not None) is changed, verdicts
+
+
+def test_a_traffic_shift_against_the_median_deviation_is_not_taken() -> None:
+    """This round all three DIPs are slower than their curves, but over the confirming rounds the
+    DIP that dominates the slope-weighted estimate (near its knee) was faster: its k > 1 would
+    *raise* every curve's capacity on a traffic rise. The detector does not take it."""
+    curve = QueueingCurve(0.0, 0.001, 0.4)
+    curves = {d: (curve, 0.38) for d in "abc"}
+    weights = {"a": 0.05, "b": 0.05, "c": 0.35}
+    first = {"a": 0.4, "b": 0.4, "c": -0.9}  # median +0.4, two of three the same way
+    det = ChangeDetector(ControllerSettings(dynamics=DynamicsSettings(change_confirmations=2)))
+    for deviations in (first, dict.fromkeys("abc", 0.4)):
+        rounds = {d: RoundView(w, curve.latency(w) * math.exp(deviations[d]), 0.0) for d, w in weights.items()}
+        verdict = det.observe(rounds, curves)
+    assert verdict.traffic_factor is None
+    assert any("traffic change not taken" in note for note in verdict.notes), verdict.notes
 
 
 def test_the_knee_of_an_mm1_curve_is_at_four_fifths_of_capacity() -> None:
