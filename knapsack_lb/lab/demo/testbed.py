@@ -155,12 +155,10 @@ class DemoTestbed:
                 "loop": {"interval": s.controller_interval, "measurement_max_age": max(15.0, 4 * s.probe_interval)},
                 "drain": {"time": s.drain_time, "measure_period": 0.0},
                 "refresh": {"period": 0.0},
-                # probe rounds of a few requests on a loaded PS queue are noisy: act on a capacity or
-                # traffic change only when it is large and persists (the simulator's knapsack-3dip does too);
-                # a change seen through 6-request rounds is mostly noise, and re-measuring a DIP during a
-                # counted phase costs more than the paper's rescale does when it is wrong
-                "dynamics": {"capacity_change_threshold": 0.5, "traffic_change_threshold": 0.3,
-                             "change_confirmations": 3, "remeasure_on_gain": False, "remeasure_after_loss": False},
+                # a change seen through 5-request rounds must persist; re-measuring a DIP during a counted
+                # phase costs more than the paper's rescale does when it is wrong. How large a change must
+                # be is the detector's noise gate (the rounds' spread and the curves' own fit error)
+                "dynamics": {"change_confirmations": 3, "remeasure_on_gain": False, "remeasure_after_loss": False},
                 # the emulated DIPs never fail; Algorithm 1's deliberate overload rounds must not look
                 # like a failing DIP to the relative circuit breaker (off = the paper's behaviour)
                 "breaker": {"enabled": False},
