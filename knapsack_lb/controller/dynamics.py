@@ -457,7 +457,9 @@ class ChangeDetector:
         """Ours: a pool-wide drift below the traffic threshold (e.g. the error left by a traffic
         shift estimated from noisy rounds), judged on each DIP's mean deviation over its recent
         rounds; corrected when significant (|s| > 3 standard errors and above
-        ``dynamics.traffic_drift_threshold``) for ``dynamics.change_confirmations`` rounds."""
+        ``dynamics.traffic_drift_threshold``) for ``dynamics.change_confirmations`` rounds, by at most
+        ``dynamics.traffic_change_threshold`` per correction (a larger pool-wide deviation that the
+        traffic test's noise gate held back is approached step by step, re-judged after each)."""
         s = self.settings
         if s.dynamics.traffic_drift_threshold <= 0:
             return None
@@ -476,7 +478,10 @@ class ChangeDetector:
         if self.state.drift_pending < s.dynamics.change_confirmations:
             return None
         self.state.drift_pending = 0
-        k = min(K_EVENT_MAX, max(K_EVENT_MIN, math.exp(-shift)))
+        # a drift is what lies below a traffic change: one correction moves the curves by at most the traffic
+        # threshold, as the estimate is linear in the slopes and overshoots near a curve's knee
+        bound = 1 + s.dynamics.traffic_change_threshold
+        k = min(bound, max(1 / bound, math.exp(-shift)))
         return k, (f"traffic drift: the pool's latencies sit {math.expm1(shift):+.1%} (capacity-equivalent, "
                    f"+-{error:.1%}) off the curves on {len(means)} DIPs; every curve shifted by k={k:.3f}")
 

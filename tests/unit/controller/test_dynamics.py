@@ -147,6 +147,21 @@ def test_a_drift_below_the_traffic_threshold_is_corrected_once_significant() -> 
     assert all(off.observe(rounds, curves).traffic_factor is None for _ in range(5))
 
 
+def test_a_drift_correction_moves_the_curves_by_at_most_the_traffic_threshold() -> None:
+    """+20 % traffic on M/M/1 DIPs whose curves are too uncertain for the traffic test (leave-one-out
+    error 1): the drift finds it, and corrects by 1/1.1 (the 10 % traffic threshold), not 1/1.2."""
+    rate, mus = 1000.0, {"a": 300.0, "b": 400.0, "c": 500.0, "d": 350.0}
+    weights = {"a": 0.2, "b": 0.25, "c": 0.35, "d": 0.2}
+    curves = {d: (QueueingCurve(0.0, 1 / rate, mu / rate), mu / rate * 0.8) for d, mu in mus.items()}
+    rounds = {d: RoundView(w, 1 / (mus[d] - w * rate * 1.2), 0.0, curve_error=math.log1p(1.0))
+              for d, w in weights.items()}
+    det = ChangeDetector(ControllerSettings(dynamics=DynamicsSettings(change_confirmations=1)))
+    verdicts = [det.observe(rounds, curves) for _ in range(3)]
+    assert [v.traffic_factor is None for v in verdicts] == [True, True, False]
+    assert "traffic drift" in verdicts[2].notes[0]
+    assert verdicts[2].traffic_factor == pytest.approx(1 / 1.1)
+
+
 def test_a_capacity_change_below_the_knee_is_re_measured_a_loss_after_its_cut() -> None:
     """M/M/1-shaped curves (elasticity w / (c - w)): at w = 0.2 (1) one point's inverse is a guess,
     so the DIP is re-measured; at w = 0.36 (9, past the knee of 4) a loss's inverse stands, and a
