@@ -481,7 +481,7 @@ class ChangeDetector:
         # a drift is what lies below a traffic change: one correction moves the curves by at most the traffic
         # threshold, as the estimate is linear in the slopes and overshoots near a curve's knee
         bound = 1 + s.dynamics.traffic_change_threshold
-        k = min(bound, max(1 / bound, math.exp(-shift)))
+        k = min(K_EVENT_MAX, bound, max(K_EVENT_MIN, 1 / bound, math.exp(-shift)))
         return k, (f"traffic drift: the pool's latencies sit {math.expm1(shift):+.1%} (capacity-equivalent, "
                    f"+-{error:.1%}) off the curves on {len(means)} DIPs; every curve shifted by k={k:.3f}")
 
