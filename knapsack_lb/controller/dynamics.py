@@ -206,6 +206,7 @@ class DipTrack:
 
     def record(self, deviation: float, noise: float) -> None:
         """Keep one round's deviation and its standard error (the last ``RECENT_ROUNDS``)."""
+        # a state stored before rounds carried their noise has deviations only: theirs is unknown (0)
         noises = self.noises if len(self.noises) == len(self.deviations) else [0.0] * len(self.deviations)
         self.deviations = [*self.deviations, deviation][-RECENT_ROUNDS:]
         self.noises = [*noises, noise][-RECENT_ROUNDS:]
