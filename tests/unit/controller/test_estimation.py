@@ -223,3 +223,24 @@ def test_the_utilisation_curve_round_trips_and_rescales() -> None:
     assert curve.latency(0.25) == pytest.approx(0.01 / (1 - 0.5 ** 4))
     assert curve_from_dict(curve.to_dict()) == curve
     assert curve.scaled(2.0).latency(0.5) == pytest.approx(curve.latency(0.25))
+
+
+def test_rounds_at_nearly_one_weight_keep_the_pools_prior_and_the_weight_they_carried() -> None:
+    """A DIP relearning from three noisy rounds at 0.31-0.33 of the VIP, all near its unloaded 10 ms:
+    on their own they fit a line through noise (s = 0.8 ms, a cap of 0.18); the pool's prior, which
+    they do not reject, keeps its unloaded latency and a cap at the weight it carried."""
+    cv = 1 / math.sqrt(20)  # twenty probes of exponential service
+    rounds = [_round(t, w, mean, n=20, cv=cv) for t, w, mean in ((0, 0.315, 0.0081), (5, 0.328, 0.0150),
+                                                                  (10, 0.314, 0.0090))]
+    est = estimate(rounds, 0.010, **KW, floor=0.0625)
+    assert est is not None and est.s == pytest.approx(0.010, rel=0.05)
+    assert est.cap >= 0.31
+
+
+def test_a_dips_own_rounds_at_distinct_loads_overrule_the_pools_prior() -> None:
+    """An M/M/1 DIP of unloaded latency 25 ms (saturation 0.333) measured precisely at 0.05 and 0.15
+    in a pool whose prior says 10 ms: its rounds reject the prior and give its own latency and knee."""
+    rounds = [_round(0, w, 0.025 / (1 - w / 0.333), n=100) for w in (0.05, 0.15)]
+    est = estimate(rounds, 0.010, **KW, floor=0.06)
+    assert est is not None and est.s == pytest.approx(0.025, rel=0.01)
+    assert est.saturation == pytest.approx(0.333, rel=0.02)
