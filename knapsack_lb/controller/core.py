@@ -660,7 +660,10 @@ class VipController:
     def _learn(self, now: float, trusted: Mapping[str, Measurement], remeasure: set[str]) -> list[str]:
         """Add each trusted round to its DIP's evidence and refit every DIP's curve and cap
         (:mod:`knapsack_lb.controller.estimation`). A remeasure request, or a round that disagrees
-        with the curve beyond its confidence bound, forgets the DIP's older rounds."""
+        with the curve beyond its confidence bound, forgets the DIP's older rounds. A returning DIP's
+        rounds are judged on their own noise, not scaled by its fit's dispersion: the rounds that
+        dispute its kept curve are the ones that inflate that dispersion (as in the ramp hold), and a
+        DIP back on a slower host was otherwise never relearned and ended its ramp past capacity."""
         s = self.settings
         z = s.learning.confidence
         reasons = []
@@ -694,8 +697,8 @@ class VipController:
             dip = self.dips[name]
             if traffic is None and dip.curve is not None and dip.curve.get("kind") == "utilisation" and changed(
                     dip.evidence, dip.curve_obj(), z=z, threshold=s.dynamics.capacity_change_threshold,
-                    failure_share=s.measurement.drop_failure_share, dispersion=dip.dispersion,
-                    confirmations=confirmations):
+                    failure_share=s.measurement.drop_failure_share,
+                    dispersion=1.0 if dip.returned_at is not None else dip.dispersion, confirmations=confirmations):
                 expected = dip.curve_obj().latency(evidence.weight)
                 dip.evidence = dip.evidence[-confirmations:]
                 seen = f"{evidence.mean * 1e3:.1f}ms" if evidence.n else "no successful probe"
