@@ -19,7 +19,7 @@ curve is learned:
   ``latency = s / (1 - utilisation)``). The pool gives each DIP a weak prior on ``s`` (the lower
   quartile of the DIPs' lowest latencies, +-``PRIOR_SPREAD``), so one round at the current split
   already gives a curve: the first plan is solved after one round. The prior stays until the DIP's
-  own rounds reject it (:func:`_prior_stands`): rounds a few percent of weight apart cannot tell
+  own rounds reject it (:func:`_points_and_fits`): rounds a few percent of weight apart cannot tell
   the unloaded latency from the knee.
 * **Decisions on confidence bounds.** The weight a plan may give a DIP (its ``cap``, the solver's
   ``w_max``) is the lower confidence bound of ``c`` over every knee shape the data do not reject
@@ -231,24 +231,27 @@ def _judge_shapes(fits: Sequence[ShapeFit], points: int, z: float) -> _ShapeVerd
     return _ShapeVerdict(min(plausible, key=lambda f: f.k), low, dispersion, flat)
 
 
-def _prior_stands(ws: Sequence[float], ls: Sequence[float], vs: Sequence[float], prior: float) -> bool:
-    """Whether the pool's prior on the unloaded latency joins a DIP's own points: always when they
-    sit at one weight (they cannot tell ``s`` from the knee), else unless the points reject it - the
-    best fit's chi-square rises by more than ``PLAUSIBLE_CHI2`` (scaled by the fit's dispersion)
-    with the prior added. Rounds a few percent of weight apart (a refit after a change, or rounds at
-    a settled split) otherwise fit a line through noise: a DIP that carried a third of the VIP at its
-    unloaded latency came out with ``s = 0.8 ms`` and a cap of a fifth of that. A DIP whose own
-    points at distinct loads say its unloaded latency is not the pool's keeps its own."""
-    if len(ws) < 2:
-        return True
+def _points_and_fits(ws: list[float], ls: list[float], vs: list[float], prior: float | None,
+                     ) -> tuple[list[float], list[float], list[float], list[ShapeFit]]:
+    """The points to fit and their shape fits: a DIP's own points, joined by the pool's prior on the
+    unloaded latency (at weight 0) always when they sit at one weight (they cannot tell ``s`` from
+    the knee), else unless they reject it - the best fit's chi-square rises by more than
+    ``PLAUSIBLE_CHI2`` (scaled by the fit's dispersion) with the prior added. Rounds a few percent of
+    weight apart (a refit after a change, or rounds at a settled split) otherwise fit a line through
+    noise: a DIP that carried a third of the VIP at its unloaded latency came out with ``s = 0.8 ms``
+    and a cap of a fifth of that. A DIP whose own points at distinct loads say its unloaded latency
+    is not the pool's keeps its own."""
     own = shape_fits(np.asarray(ws), np.asarray(ls), np.asarray(vs))
-    if not own:
-        return True
-    joined = shape_fits(np.asarray([0.0, *ws]), np.asarray([prior, *ls]),
-                        np.asarray([(PRIOR_SPREAD * prior) ** 2, *vs]))
-    best_own = min(f.chi2 for f in own)
-    dispersion = max(1.0, best_own / (len(ws) - 2)) if len(ws) > 2 else 1.0
-    return min(f.chi2 for f in joined) - best_own <= PLAUSIBLE_CHI2 * dispersion
+    if prior is None or not ws:
+        return ws, ls, vs, own
+    jw, jl, jv = [0.0, *ws], [prior, *ls], [(PRIOR_SPREAD * prior) ** 2, *vs]
+    joined = shape_fits(np.asarray(jw), np.asarray(jl), np.asarray(jv))
+    if own:
+        best_own = min(f.chi2 for f in own)
+        dispersion = max(1.0, best_own / (len(ws) - 2)) if len(ws) > 2 else 1.0
+        if min(f.chi2 for f in joined) - best_own > PLAUSIBLE_CHI2 * dispersion:
+            return ws, ls, vs, own
+    return jw, jl, jv, joined
 
 
 def estimate(
@@ -275,8 +278,7 @@ def estimate(
     bins = by_weight([r for r in rounds if r.n > 0 and (r.weight <= 0 or r not in drops)], tolerance)
     ws, ls = [b.weight for b in bins], [b.mean for b in bins]
     vs = [max(b.stderr, MODEL_ERROR * b.mean) ** 2 for b in bins]
-    if prior is not None and bins and _prior_stands(ws, ls, vs, prior):
-        ws, ls, vs = [0.0, *ws], [prior, *ls], [(PRIOR_SPREAD * prior) ** 2, *vs]
+    ws, ls, vs, fits = _points_and_fits(ws, ls, vs, prior)
     drop_weights = [r.weight for r in drops if r.weight > 0]
     w_drop = min(drop_weights, default=math.inf)
     # a weight that overloaded the DIP: back off below it, to half of it or the last clean weight under it
@@ -288,8 +290,7 @@ def estimate(
             return None
         # overloaded at every weight seen: nothing but the backoff is known
         return Estimate(UtilisationCurve(unloaded, w_drop, 1.0), w_drop, bound, overloaded, 0)
-    w_arr, l_arr, v_arr = np.asarray(ws), np.asarray(ls), np.asarray(vs)
-    fits = shape_fits(w_arr, l_arr, v_arr)
+    w_arr = np.asarray(ws)
     if not fits:  # seen at (nearly) no load only: its latency is known, its knee not at all
         cap = 0.0 if overloaded else min(floor, bound)
         curve = UtilisationCurve(min(ls), UNBOUNDED * max(cap, 1e-3), 1.0)
