@@ -217,13 +217,18 @@ class _ShapeVerdict:
     flat: bool
 
 
+def _dispersion(chi2: float, points: int) -> float:
+    """How much more ``points`` vary around their best two-parameter fit than their errors say (its
+    reduced chi-square, never below 1): rounds vary more than their own spread when the load itself
+    moves (connections come and go), and every variance is scaled by it (quasi-likelihood)."""
+    return max(1.0, chi2 / (points - 2)) if points > 2 else 1.0
+
+
 def _judge_shapes(fits: Sequence[ShapeFit], points: int, z: float) -> _ShapeVerdict:
     """Profile over the knee shapes: those within ``PLAUSIBLE_CHI2`` (scaled) of the best fit are
     plausible; the curve is the gentlest plausible one, the bound the lowest plausible ``c`` at ``z``."""
     lowest = min(fits, key=lambda f: (round(f.chi2, 9), f.k))
-    # rounds vary more than their own spread says when the load itself moves (connections come and go):
-    # the reduced chi-square of the best fit scales every variance (quasi-likelihood), never below 1
-    dispersion = max(1.0, lowest.chi2 / (points - 2)) if points > 2 else 1.0
+    dispersion = _dispersion(lowest.chi2, points)
     plausible = [f for f in fits if f.chi2 <= lowest.chi2 + PLAUSIBLE_CHI2 * dispersion]
     low = min(f.saturation(f.beta + z * math.sqrt(max(f.var_beta * dispersion, 0.0))) for f in plausible)
     gentle = fits[0]  # k = 1: a rise that M/M/1 cannot tell from noise is no rise
@@ -248,8 +253,7 @@ def _points_and_fits(ws: list[float], ls: list[float], vs: list[float], prior: f
     joined = shape_fits(np.asarray(jw), np.asarray(jl), np.asarray(jv))
     if own:
         best_own = min(f.chi2 for f in own)
-        dispersion = max(1.0, best_own / (len(ws) - 2)) if len(ws) > 2 else 1.0
-        if min(f.chi2 for f in joined) - best_own > PLAUSIBLE_CHI2 * dispersion:
+        if min(f.chi2 for f in joined) - best_own > PLAUSIBLE_CHI2 * _dispersion(best_own, len(ws)):
             return ws, ls, vs, own
     return jw, jl, jv, joined
 
