@@ -62,7 +62,9 @@ from knapsack_lb.controller.dynamics import (
 from knapsack_lb.controller.estimation import (
     MODEL_ERROR,
     Estimate,
+    RoundEvidence,
     by_weight,
+    change_direction,
     changed,
     disagreement,
     estimate,
@@ -684,8 +686,9 @@ class VipController:
             dip.evidence = [e for e in dip.evidence if now - e.time <= s.learning.window] + [evidence]
         traffic = self._traffic_change() if latest else None
         if traffic is not None:
+            apart = set(traffic.apart) | self._apart_from_traffic(traffic, latest)
             for dip in self.dips.values():
-                if dip.name in traffic.apart:
+                if dip.name in apart:
                     dip.evidence = dip.evidence[-confirmations:]
                 elif not dip.failed:
                     dip.evidence = shifted(dip.evidence, traffic.k, confirmations)
@@ -693,6 +696,8 @@ class VipController:
                                           for e in d.evidence[-confirmations:])
             self.guard.reset()  # the plans before the change were measured under the old traffic
             reasons.append(traffic.describe())
+            reasons += [f"change: {n} moved against the traffic change, beyond its curve's noise: "
+                        f"relearning from the last {confirmations} rounds" for n in sorted(apart - set(traffic.apart))]
         for name, evidence in latest.items():
             dip = self.dips[name]
             if traffic is None and dip.curve is not None and dip.curve.get("kind") == "utilisation" and changed(
@@ -721,6 +726,31 @@ class VipController:
                 continue
             reasons += self._take_estimate(dip, est, now)
         return reasons
+
+    def _apart_from_traffic(self, traffic: TrafficChange, latest: Mapping[str, RoundEvidence]) -> set[str]:
+        """The DIPs the traffic test could not judge (their weights moved) whose newest rounds moved
+        against the traffic - faster than their curves as traffic rose, or slower as it fell: their
+        own capacity changed at the same time (a DIP back at full capacity as traffic rises), as for
+        the judged DIPs that moved the other way. Shifting their older rounds instead would mix
+        rounds from two capacities at one weight, and the curve between them keeps the DIP at its
+        old cap (in the fluid dynamics a DIP restored to its capacity stayed at 0.43 of the oracle's
+        share). A DIP that moved with the traffic but more than ``k`` says is left to the shift: near
+        a knee a small error in ``k`` is a large one in latency."""
+        s = self.settings
+        against = -1 if traffic.k < 1 else 1
+        apart = set()
+        for name in latest:
+            dip = self.dips[name]
+            if (name in traffic.apart or dip.failed or dip.curve is None
+                    or dip.curve.get("kind") != "utilisation"):
+                continue
+            if change_direction(dip.evidence, dip.curve_obj(), z=s.learning.confidence,
+                                threshold=s.dynamics.capacity_change_threshold,
+                                failure_share=s.measurement.drop_failure_share,
+                                dispersion=1.0 if dip.returned_at is not None else dip.dispersion,
+                                confirmations=s.dynamics.change_confirmations) == against:
+                apart.add(name)
+        return apart
 
     def _traffic_change(self) -> TrafficChange | None:
         """Section 4.5's traffic test on the DIPs' rounds (:mod:`knapsack_lb.controller.traffic`)."""

@@ -339,12 +339,22 @@ def changed(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z: float, t
             failure_share: float, dispersion: float = 1.0, confirmations: int = 1) -> bool:
     """The newest ``confirmations`` rounds all disagree with ``curve`` the same way (each by
     :func:`disagreement`)."""
+    return change_direction(rounds, curve, z=z, threshold=threshold, failure_share=failure_share,
+                            dispersion=dispersion, confirmations=confirmations) != 0
+
+
+def change_direction(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z: float, threshold: float,
+                     failure_share: float, dispersion: float = 1.0, confirmations: int = 1) -> int:
+    """+1 (slower) or -1 (faster) when the newest ``confirmations`` rounds all disagree with ``curve``
+    that way (each by :func:`disagreement`); else 0."""
     recent = list(rounds[-confirmations:])
     if len(recent) < confirmations:
-        return False
+        return 0
     signs = {disagreement(r, curve, z=z, threshold=threshold, failure_share=failure_share, dispersion=dispersion)
              for r in recent}
-    return len(signs) == 1 and signs <= {1, -1}
+    if len(signs) != 1 or not signs <= {1, -1}:
+        return 0
+    return signs.pop() or 0
 
 
 def pool_prior(lowest: Sequence[float]) -> float | None:
