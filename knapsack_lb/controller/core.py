@@ -695,6 +695,10 @@ class VipController:
             self.traffic_changed_at = min(e.time for d in self.dips.values() if not d.failed
                                           for e in d.evidence[-confirmations:])
             self.guard.reset()  # the plans before the change were measured under the old traffic
+            for dip in self.dips.values():
+                # a rollback's hold compared plans across the change (the first rounds under new traffic make
+                # the plan in force look worse): it says nothing about the DIP
+                dip.held, dip.held_until = None, -math.inf
             reasons.append(traffic.describe())
             reasons += [f"change: {n} moved against the traffic change, beyond its curve's noise: "
                         f"relearning from the last {confirmations} rounds" for n in sorted(apart - set(traffic.apart))]
