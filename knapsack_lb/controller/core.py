@@ -65,7 +65,6 @@ from knapsack_lb.controller.estimation import (
     RoundEvidence,
     by_weight,
     change_direction,
-    changed,
     disagreement,
     estimate,
     mean_lower_bound,
@@ -704,10 +703,7 @@ class VipController:
                         f"relearning from the last {confirmations} rounds" for n in sorted(apart - set(traffic.apart))]
         for name, evidence in latest.items():
             dip = self.dips[name]
-            if traffic is None and dip.curve is not None and dip.curve.get("kind") == "utilisation" and changed(
-                    dip.evidence, dip.curve_obj(), z=z, threshold=s.dynamics.capacity_change_threshold,
-                    failure_share=s.measurement.drop_failure_share,
-                    dispersion=1.0 if dip.returned_at is not None else dip.dispersion, confirmations=confirmations):
+            if traffic is None and self._off_curve(dip) != 0:
                 expected = dip.curve_obj().latency(evidence.weight)
                 dip.evidence = dip.evidence[-confirmations:]
                 seen = f"{evidence.mean * 1e3:.1f}ms" if evidence.n else "no successful probe"
@@ -740,21 +736,20 @@ class VipController:
         old cap (in the fluid dynamics a DIP restored to its capacity stayed at 0.43 of the oracle's
         share). A DIP that moved with the traffic but more than ``k`` says is left to the shift: near
         a knee a small error in ``k`` is a large one in latency."""
-        s = self.settings
         against = -1 if traffic.k < 1 else 1
-        apart = set()
-        for name in latest:
-            dip = self.dips[name]
-            if (name in traffic.apart or dip.failed or dip.curve is None
-                    or dip.curve.get("kind") != "utilisation"):
-                continue
-            if change_direction(dip.evidence, dip.curve_obj(), z=s.learning.confidence,
+        return {name for name in latest if name not in traffic.apart and self._off_curve(self.dips[name]) == against}
+
+    def _off_curve(self, dip: DipState) -> int:
+        """+1 (slower) or -1 (faster) when a DIP's newest rounds confirm a change against its curve
+        (:func:`change_direction`); 0 without one, or without a learned curve to judge by."""
+        if dip.failed or dip.curve is None or dip.curve.get("kind") != "utilisation":
+            return 0
+        s = self.settings
+        return change_direction(dip.evidence, dip.curve_obj(), z=s.learning.confidence,
                                 threshold=s.dynamics.capacity_change_threshold,
                                 failure_share=s.measurement.drop_failure_share,
                                 dispersion=1.0 if dip.returned_at is not None else dip.dispersion,
-                                confirmations=s.dynamics.change_confirmations) == against:
-                apart.add(name)
-        return apart
+                                confirmations=s.dynamics.change_confirmations)
 
     def _traffic_change(self) -> TrafficChange | None:
         """Section 4.5's traffic test on the DIPs' rounds (:mod:`knapsack_lb.controller.traffic`)."""

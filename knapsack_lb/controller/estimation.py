@@ -35,7 +35,7 @@ curve is learned:
   decrease).
 * **Changes forget the past.** A clean round that disagrees with the fitted curve by more than
   ``z`` standard errors of its log-latency and ``capacity_change_threshold`` (the paper's 20 %) drops the
-  DIP's older rounds (:func:`changed`), so a capacity change is learned afresh from the rounds
+  DIP's older rounds (:func:`change_direction`), so a capacity change is learned afresh from the rounds
   after it (a traffic change moves every DIP's rounds instead: :mod:`knapsack_lb.controller.traffic`);
   rounds older than ``window`` seconds are forgotten anyway.
 
@@ -333,14 +333,6 @@ def disagreement(r: RoundEvidence, curve: LatencyCurve, *, z: float, threshold: 
     if abs(math.log(r.mean / expected)) <= noise or abs(gap) <= threshold * expected:
         return 0
     return 1 if gap > 0 else -1
-
-
-def changed(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z: float, threshold: float,
-            failure_share: float, dispersion: float = 1.0, confirmations: int = 1) -> bool:
-    """The newest ``confirmations`` rounds all disagree with ``curve`` the same way (each by
-    :func:`disagreement`)."""
-    return change_direction(rounds, curve, z=z, threshold=threshold, failure_share=failure_share,
-                            dispersion=dispersion, confirmations=confirmations) != 0
 
 
 def change_direction(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z: float, threshold: float,

@@ -13,7 +13,7 @@ from knapsack_lb.controller.estimation import (
     BACKOFF,
     RoundEvidence,
     by_weight,
-    changed,
+    change_direction,
     critical,
     disagreement,
     estimate,
@@ -158,14 +158,17 @@ def test_a_drop_needs_proof() -> None:
 def test_a_change_needs_confirmed_disagreement_beyond_noise() -> None:
     curve = UtilisationCurve(0.010, 0.5, 1.0)
     at = curve.latency(0.25)
-    assert not changed([_round(0, 0.25, at * 1.05)], curve, z=Z, threshold=0.2, failure_share=0.01)
-    assert changed([_round(0, 0.25, at * 1.5)], curve, z=Z, threshold=0.2, failure_share=0.01)
+    kw = {"z": Z, "threshold": 0.2, "failure_share": 0.01}
+    assert change_direction([_round(0, 0.25, at * 1.05)], curve, **kw) == 0
+    assert change_direction([_round(0, 0.25, at * 1.5)], curve, **kw) == 1
+    assert change_direction([_round(0, 0.25, at / 1.5)], curve, **kw) == -1
     noisy = _round(0, 0.25, at * 1.5, n=4, cv=0.5)  # 50 % higher, but within its own noise
-    assert not changed([noisy], curve, z=Z, threshold=0.2, failure_share=0.01)
+    assert change_direction([noisy], curve, **kw) == 0
     mixed = [_round(0, 0.25, at * 1.5), _round(5, 0.25, at * 0.5)]
-    assert not changed(mixed, curve, z=Z, threshold=0.2, failure_share=0.01, confirmations=2)
+    assert change_direction(mixed, curve, **kw, confirmations=2) == 0
     failing = [_round(0, 0.25, at, failed=0.5), _round(5, 0.25, at * 1.5)]
-    assert changed(failing, curve, z=Z, threshold=0.2, failure_share=0.01, confirmations=2)
+    assert change_direction(failing, curve, **kw, confirmations=2) == 1
+    assert change_direction(failing[-1:], curve, **kw, confirmations=2) == 0  # one round is no confirmation
 
 
 def test_one_rounds_disagreement_has_a_direction_and_a_curve_that_says_nothing_gives_none() -> None:
@@ -194,10 +197,10 @@ def test_a_change_is_judged_on_the_log_scale_with_the_rounds_coefficient_of_vari
         return [RoundEvidence(t, 0.7, mean, mean, 20, 0.0) for t in (0.0, 5.0)]
 
     kw = {"z": Z, "threshold": 0.2, "failure_share": 0.01, "confirmations": 2}
-    assert not changed(twice(at / 1.5), curve, **kw)
-    assert not changed(twice(at * 1.5), curve, **kw)
-    assert changed(twice(at / 2.5), curve, **kw)
-    assert changed(twice(at * 2.5), curve, **kw)
+    assert change_direction(twice(at / 1.5), curve, **kw) == 0
+    assert change_direction(twice(at * 1.5), curve, **kw) == 0
+    assert change_direction(twice(at / 2.5), curve, **kw) == -1
+    assert change_direction(twice(at * 2.5), curve, **kw) == 1
 
 
 def test_a_few_probes_need_students_t_not_z() -> None:
@@ -208,8 +211,8 @@ def test_a_few_probes_need_students_t_not_z() -> None:
     at = curve.latency(0.25)
     # five probes 2.5 standard errors (of the log-latency) above the curve: beyond z = 2, not beyond t(4)
     few = RoundEvidence(0.0, 0.25, at * 1.5, at * 1.5 * math.log(1.5) / 2.5 * math.sqrt(5), 5, 0.0)
-    assert not changed([few], curve, z=Z, threshold=0.2, failure_share=0.01)
-    assert changed([few], curve, z=1.5, threshold=0.2, failure_share=0.01)  # t(4) at z = 1.5: 1.8
+    assert change_direction([few], curve, z=Z, threshold=0.2, failure_share=0.01) == 0
+    assert change_direction([few], curve, z=1.5, threshold=0.2, failure_share=0.01) == 1  # t(4) at z = 1.5: 1.8
 
 
 def test_the_pool_prior_is_the_lower_quartile_of_the_lowest_latencies() -> None:
