@@ -65,7 +65,7 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 def _table(reports: list[PoolReport]) -> Table:
     table = Table(title="KnapsackLB (defaults) per pool: steady-window mean latency (ms)")
     for col in ("pool", "RR", "LC", "P2C", "WRR vCPU", "WLC vCPU", "oracle", "KLB", "KLB/best", "KLB/oracle",
-                "solved at (s)", "max util"):
+                "solved at (s)", "max util", "max busy"):
         table.add_column(col, justify="right" if col != "pool" else "left")
     for r in reports:
         o = r.outcomes
@@ -74,7 +74,7 @@ def _table(reports: list[PoolReport]) -> Table:
                                           ("round_robin", "least_connections", "power_of_two", "wrr_vcpu",
                                            "wlc_vcpu", "oracle", "knapsack")),
                       _fmt(r.ratio("best")), _fmt(r.ratio("oracle")), _fmt(k.first_solved_s, 0),
-                      _fmt(k.max_utilisation_after))
+                      _fmt(k.max_utilisation_after), _fmt(k.max_busy))
     return table
 
 
@@ -84,9 +84,11 @@ def _summary_table(summary: dict[str, Any]) -> Table:
     for col in ("median", "p90", "worst"):
         table.add_column(col, justify="right")
     for key in ("steady_vs_best_baseline", "steady_vs_oracle", "whole_run_vs_best_baseline", "whole_run_vs_oracle",
-                "first_solved_s", "max_utilisation_after_solved", "probe_share"):
+                "first_solved_s", "max_utilisation_after_solved", "max_busy_after_solved", "probe_share"):
         d = summary[key]
         table.add_row(key.replace("_", " "), _fmt(d["median"]), _fmt(d["p90"]), _fmt(d["worst"]))
+    for label, pools in summary.get("saturated_pools", {}).items():
+        table.add_row(f"a DIP at capacity in a 5 s window: {label} (pools)", str(pools), "", "")
     for key in ("worse_than_least_connections", "worse_than_least_connections_by_5pct", "worse_than_vcpu_weights",
                 "worse_than_vcpu_weights_by_5pct", "never_solved"):
         if key in summary:

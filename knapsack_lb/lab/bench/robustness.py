@@ -20,7 +20,13 @@ event mid-run (a DIP fails, loses capacity, or traffic rises). Every pool runs, 
 Per pool and policy: mean and p99 latency over the whole run (learning included) and over the
 steady window (the last ``STEADY_SHARE`` of the run, after any event); errors; for KnapsackLB the
 time to its first solved plan, the highest true utilisation a plan drove a DIP to after that, and
-its probe load as a share of the pool's capacity.
+its probe load as a share of the pool's capacity. The planned utilisation is what the weights would
+drive as a plain split of the requests; neither data plane splits that way (at layer 4 a weight
+places new connections only, and a slow DIP's connections send fewer requests; weighted least
+connections sends less to a DIP whose requests pile up), so every policy also reports what its DIPs
+were measured to carry: the highest busy share of a DIP's cores over the simulator's 5 s windows,
+and the windows in which a DIP was busy at least ``SATURATED`` of the time (at its capacity: its
+queue grows).
 
 How it fails: the simulator cannot carry tens of thousands of requests per second for minutes, so
 a pool whose offered rate exceeds ``max_rate`` has its service times scaled up by the factor
@@ -57,6 +63,7 @@ VCPUS = (1, 2, 4, 8, 16)
 SOLVED = frozenset({PlanMethod.EXACT_GREEDY, PlanMethod.EXACT_DP, PlanMethod.EXACT_BISECTION, PlanMethod.ILP,
                     PlanMethod.ILP_MULTISTEP})
 STEADY_SHARE = 0.3  # the steady window: the last 30 % of the run
+SATURATED = 0.99  # a DIP busy this share of a window is at its capacity
 EVENT_AT = 0.5  # an event happens halfway through the run
 MAX_LOAD_AFTER_EVENT = 0.92  # no event leaves the pool above this utilisation
 ORACLE_MAX_UTILISATION = 0.97  # the oracle's curves end here: no plan runs a DIP nearer its limit
@@ -322,6 +329,8 @@ class Outcome:
     methods: dict[str, int] = field(default_factory=dict)
     flags: dict[str, int] = field(default_factory=dict)
     last_reasons: tuple[str, ...] = ()
+    max_busy: float | None = None  # the highest measured busy share of a DIP in a window (KnapsackLB: after solving)
+    saturated_windows: int | None = None  # windows in which some DIP was busy at least SATURATED of the time
 
 
 def _window(series: Mapping[str, Any], since: float) -> tuple[float, float, float]:
@@ -352,6 +361,14 @@ def _true_utilisation(pool: Pool, weights: Mapping[str, float], t: float) -> flo
     return worst
 
 
+def measured_busy(series: Mapping[str, Any], since: float) -> tuple[float | None, int]:
+    """The highest busy share of any DIP over the windows that end after ``since``, and how many of
+    those windows had a DIP busy at least ``SATURATED`` of the time."""
+    busiest = [max(u) for t, u in zip(series.get("window_times", []), series.get("utilization", []), strict=True)
+               if t > since and u]
+    return (max(busiest) if busiest else None), sum(b >= SATURATED for b in busiest)
+
+
 def run_one(pool: Pool, label: str) -> Outcome:
     """One policy on one pool in the discrete-event simulator."""
     from knapsack_lb.sim.simulation import run
@@ -361,18 +378,24 @@ def run_one(pool: Pool, label: str) -> Outcome:
     steady_from = scenario.duration * (1 - STEADY_SHARE)
     mean, p99, errors = _window(result.series, 0.0)
     s_mean, s_p99, _ = _window(result.series, steady_from)
-    base = Outcome(pool.index, label, mean, p99, s_mean, s_p99, errors, result.wall_seconds)
+    busy, saturated = measured_busy(result.series, 0.0)
+    base = Outcome(pool.index, label, mean, p99, s_mean, s_p99, errors, result.wall_seconds,
+                   max_busy=busy, saturated_windows=saturated)
     if label != "knapsack":
         return base
-    return _with_controller(base, pool, result.series.get("plans", []))
+    return _with_controller(base, pool, result.series.get("plans", []), result.series)
 
 
-def _with_controller(base: Outcome, pool: Pool, plans: Sequence[Mapping[str, Any]]) -> Outcome:
+def _with_controller(base: Outcome, pool: Pool, plans: Sequence[Mapping[str, Any]],
+                     series: Mapping[str, Any] | None = None) -> Outcome:
     solved_at = next((p["time"] for p in plans
                       if p["method"] in SOLVED and PlanFlag.MEASURING not in p["flags"]), None)
     max_util = None
+    busy, saturated = base.max_busy, base.saturated_windows
     if solved_at is not None:
         max_util = max(_true_utilisation(pool, p["weights"], p["time"]) for p in plans if p["time"] >= solved_at)
+        if series is not None:
+            busy, saturated = measured_busy(series, solved_at)
     methods: dict[str, int] = {}
     flags: dict[str, int] = {}
     for p in plans:
@@ -382,6 +405,7 @@ def _with_controller(base: Outcome, pool: Pool, plans: Sequence[Mapping[str, Any
     probe_rate = len(pool.dips) * pool.probe_requests / pool.scenario.knapsack.probe_interval
     last = tuple(str(r) for r in plans[-1]["reasons"])[:6] if plans else ()
     return Outcome(**{**asdict(base), "first_solved_s": solved_at, "max_utilisation_after": max_util,
+                      "max_busy": busy, "saturated_windows": saturated,
                       "probe_share": probe_rate / pool.capacity, "plans": len(plans), "methods": methods,
                       "flags": flags, "last_reasons": last})
 
@@ -499,11 +523,20 @@ def summarise(reports: Sequence[PoolReport]) -> dict[str, Any]:
         "max_utilisation_after_solved": distribution(r.outcomes["knapsack"].max_utilisation_after or math.nan
                                                      for r in reports),
         "probe_share": distribution(r.outcomes["knapsack"].probe_share or math.nan for r in reports),
+        "max_busy_after_solved": distribution(_or_nan(r.outcomes["knapsack"].max_busy) for r in reports),
+        # per policy: pools on which some DIP was measured at its capacity in some window (KnapsackLB: after solving)
+        "saturated_pools": {label: sum(bool(r.outcomes[label].saturated_windows) for r in reports)
+                            for label in (reports[0].outcomes if reports else ())
+                            if all(r.outcomes[label].saturated_windows is not None for r in reports)},
     }
     if have_lc:
         out["worse_than_least_connections"] = sum(r.ratio("least_connections") > 1 for r in reports)
         out["worse_than_least_connections_by_5pct"] = sum(r.ratio("least_connections") > 1.05 for r in reports)
     return out
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
 
 
 def worst_pools(reports: Sequence[PoolReport], count: int = 4) -> list[PoolReport]:

@@ -13,9 +13,11 @@ from typer.testing import CliRunner
 from knapsack_lb.cli.main import app
 from knapsack_lb.lab.bench.robustness import (
     MAX_LOAD_AFTER_EVENT,
+    SATURATED,
     VCPUS,
     PoolGenerator,
     generate_pool,
+    measured_busy,
     oracle_plan,
     plan_latency,
     run_one,
@@ -93,10 +95,22 @@ def test_knapsacklb_runs_with_its_defaults_and_reports_what_it_did() -> None:
     assert outcome.plans and sum(outcome.methods.values()) == outcome.plans
     assert 0 < outcome.probe_share < 0.2
     assert math.isfinite(outcome.mean_ms)
+    assert outcome.max_busy is not None and 0 < outcome.max_busy <= 1
+    assert outcome.saturated_windows is not None and outcome.saturated_windows >= 0
     fluid = run_one_fluid(pool, "knapsack")
     assert fluid.plans and math.isfinite(fluid.mean_ms)
     with pytest.raises(ValueError, match="least_connections"):
         run_one_fluid(pool, "least_connections")
+
+
+def test_a_dip_busy_through_a_window_counts_as_at_capacity() -> None:
+    """What the DIPs were measured to carry, from the simulator's windows (busy share of each DIP's
+    cores): the windows that end after ``since`` only; one DIP at ``SATURATED`` saturates its window."""
+    series = {"window_times": [5.0, 10.0, 15.0, 20.0],
+              "utilization": [[1.0, 0.2], [0.5, SATURATED], [0.7, 0.98], [0.3, 0.4]]}
+    assert measured_busy(series, 5.0) == (SATURATED, 1)
+    assert measured_busy(series, 0.0) == (1.0, 2)
+    assert measured_busy(series, 20.0) == (None, 0)
 
 
 def test_saved_specs_load_as_scenarios_with_the_gauges_policies(tmp_path: Path) -> None:
