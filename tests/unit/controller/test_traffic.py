@@ -106,17 +106,33 @@ def test_a_shift_moves_all_but_the_newest_rounds() -> None:
     assert [r.mean for r in moved] == [r.mean for r in rounds]
 
 
+def _paper_pool(seed: int, ticks: int) -> Loop:
+    """The paper's 30-DIP pool at 70 % load, learned by the default learner for ``ticks`` intervals."""
+    dips = paper30_dips(seed)
+    model = FluidModel(dips, total_rate=0.7 * sum(d.capacity for d in dips), seed=seed)
+    model.set_weights({d.name: 1.0 for d in dips}, 0.0)
+    loop = Loop(model, VipController("vip", model.names, ControllerSettings(), rng=random.Random(seed)))
+    for _ in range(ticks):
+        loop.tick()
+    return loop
+
+
+def _reasons(loop: Loop, ticks: int) -> list[str]:
+    """The reasons of the plans over the next ``ticks`` intervals."""
+    reasons: list[str] = []
+    for _ in range(ticks):
+        plan = loop.tick()
+        reasons += plan.reasons if plan is not None else ()
+    return reasons
+
+
 def test_the_learner_keeps_its_curves_through_a_traffic_rise() -> None:
     """+10 % traffic on the paper's 30-DIP pool: one traffic change, the DIPs keep their rounds, and
     no plan after it drives a DIP past capacity."""
-    dips = paper30_dips(1)
-    model = FluidModel(dips, total_rate=0.7 * sum(d.capacity for d in dips), seed=1)
-    model.set_weights({d.name: 1.0 for d in dips}, 0.0)
-    loop = Loop(model, VipController("vip", model.names, ControllerSettings(), rng=random.Random(1)))
-    for _ in range(100):
-        loop.tick()
+    loop = _paper_pool(1, ticks=100)
+    model = loop.model
     kept = {n: len(d.evidence) for n, d in loop.ctl.dips.items()}
-    loop.model.set_total_rate(loop.model.total_rate * 1.1)
+    model.set_total_rate(model.total_rate * 1.1)
     reasons: list[str] = []
     for _ in range(12):
         plan = loop.tick()
@@ -137,12 +153,8 @@ def test_a_dip_restored_as_traffic_rises_is_relearned_not_shifted() -> None:
     the traffic test; shifting its rounds from the slow period put them beside its new, faster ones
     at one weight, and the curve between them held dip-26 at 0.54 of the oracle's share (1.042x the
     oracle's latency). Faster than its curve as traffic rose, it is relearned instead."""
-    dips = paper30_dips(6)
-    model = FluidModel(dips, total_rate=0.7 * sum(d.capacity for d in dips), seed=6)
-    model.set_weights({d.name: 1.0 for d in dips}, 0.0)
-    loop = Loop(model, VipController("vip", model.names, ControllerSettings(), rng=random.Random(6)))
-    for _ in range(80):
-        loop.tick()
+    loop = _paper_pool(6, ticks=80)
+    model = loop.model
     restored = ("dip-25", "dip-26", "dip-27", "dip-28")
     for name in restored:
         model.set_capacity_factor(name, 0.75)
@@ -151,10 +163,7 @@ def test_a_dip_restored_as_traffic_rises_is_relearned_not_shifted() -> None:
     for name in restored:
         model.set_capacity_factor(name, 1.0)
     model.set_total_rate(model.total_rate * 1.1)
-    reasons: list[str] = []
-    for _ in range(36):
-        plan = loop.tick()
-        reasons += plan.reasons if plan is not None else ()
+    reasons = _reasons(loop, 36)
     assert any(r.startswith("traffic change") for r in reasons)
     assert any("moved against the traffic change" in r for r in reasons), reasons
     assert loop.ctl.plan is not None
@@ -169,20 +178,13 @@ def test_a_traffic_change_lifts_the_holds_of_earlier_rollbacks() -> None:
     the guard may roll back and hold DIPs at their old weights for half a window before the traffic
     test calls the change; those holds compared plans across the change and go with it (in the fluid
     dynamics two DIPs restored to full capacity stayed held at 0.77 of the oracle's share)."""
-    dips = paper30_dips(1)
-    model = FluidModel(dips, total_rate=0.7 * sum(d.capacity for d in dips), seed=1)
-    model.set_weights({d.name: 1.0 for d in dips}, 0.0)
-    loop = Loop(model, VipController("vip", model.names, ControllerSettings(), rng=random.Random(1)))
-    for _ in range(100):
-        loop.tick()
+    loop = _paper_pool(1, ticks=100)
+    model = loop.model
     assert loop.ctl.plan is not None
     held = loop.ctl.dips["dip-27"]
     held.held, held.held_until = 0.5 * loop.ctl.plan.weights["dip-27"], loop.now + 300
-    loop.model.set_total_rate(loop.model.total_rate * 1.1)
-    reasons: list[str] = []
-    for _ in range(12):
-        plan = loop.tick()
-        reasons += plan.reasons if plan is not None else ()
+    model.set_total_rate(model.total_rate * 1.1)
+    reasons = _reasons(loop, 12)
     assert any(r.startswith("traffic change") for r in reasons), reasons
     assert held.held is None
     assert loop.ctl.plan.weights["dip-27"] > 0.6 * model.oracle().weights["dip-27"]
