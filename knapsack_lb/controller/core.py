@@ -691,13 +691,12 @@ class VipController:
                     dip.evidence = dip.evidence[-confirmations:]
                 elif not dip.failed:
                     dip.evidence = shifted(dip.evidence, traffic.k, confirmations)
-            self.traffic_changed_at = min(e.time for d in self.dips.values() if not d.failed
-                                          for e in d.evidence[-confirmations:])
-            self.guard.reset()  # the plans before the change were measured under the old traffic
-            for dip in self.dips.values():
                 # a rollback's hold compared plans across the change (the first rounds under new traffic make
                 # the plan in force look worse): it says nothing about the DIP
                 dip.held, dip.held_until = None, -math.inf
+            self.traffic_changed_at = min(e.time for d in self.dips.values() if not d.failed
+                                          for e in d.evidence[-confirmations:])
+            self.guard.reset()  # the plans before the change were measured under the old traffic
             reasons.append(traffic.describe())
             reasons += [f"change: {n} moved against the traffic change, beyond its curve's noise: "
                         f"relearning from the last {confirmations} rounds" for n in sorted(apart - set(traffic.apart))]
@@ -733,7 +732,7 @@ class VipController:
         own capacity changed at the same time (a DIP back at full capacity as traffic rises), as for
         the judged DIPs that moved the other way. Shifting their older rounds instead would mix
         rounds from two capacities at one weight, and the curve between them keeps the DIP at its
-        old cap (in the fluid dynamics a DIP restored to its capacity stayed at 0.43 of the oracle's
+        old cap (in the fluid dynamics a DIP restored to its capacity stayed at 0.54 of the oracle's
         share). A DIP that moved with the traffic but more than ``k`` says is left to the shift: near
         a knee a small error in ``k`` is a large one in latency."""
         against = -1 if traffic.k < 1 else 1
