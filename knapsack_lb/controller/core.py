@@ -63,6 +63,7 @@ from knapsack_lb.controller.estimation import (
     MODEL_ERROR,
     Estimate,
     RoundEvidence,
+    between_round_spread,
     by_weight,
     change_direction,
     disagreement,
@@ -191,6 +192,7 @@ class VipController:
         self.detector = ChangeDetector(self.settings)
         self.breaker = RelativeCircuitBreaker(self.settings.breaker)
         self.guard = PlanGuard()
+        self.round_spread = 0.0  # the pool's between-round spread (estimation.between_round_spread)
         self.events_log: list[tuple[float, str]] = []
         self._pending_reasons: list[str] = []
         self._curves_changed = True
@@ -683,6 +685,8 @@ class VipController:
                 continue
             latest[name] = evidence
             dip.evidence = [e for e in dip.evidence if now - e.time <= s.learning.window] + [evidence]
+        self.round_spread = between_round_spread((d.evidence for d in self.dips.values() if not d.failed),
+                                                 s.measurement.trust_tolerance, s.learning.confidence)
         traffic = self._traffic_change() if latest else None
         if traffic is not None:
             apart = set(traffic.apart) | self._apart_from_traffic(traffic, latest)
@@ -720,7 +724,7 @@ class VipController:
                 continue
             est = estimate(dip.evidence, prior, z=z, tolerance=s.measurement.trust_tolerance,
                            drop_factor=s.measurement.drop_latency_factor,
-                           failure_share=s.measurement.drop_failure_share, floor=floor)
+                           failure_share=s.measurement.drop_failure_share, floor=floor, spread=self.round_spread)
             if est is None:
                 continue
             reasons += self._take_estimate(dip, est, now)
@@ -748,7 +752,7 @@ class VipController:
                                 threshold=s.dynamics.capacity_change_threshold,
                                 failure_share=s.measurement.drop_failure_share,
                                 dispersion=1.0 if dip.returned_at is not None else dip.dispersion,
-                                confirmations=s.dynamics.change_confirmations)
+                                confirmations=s.dynamics.change_confirmations, spread=self.round_spread)
 
     def _traffic_change(self) -> TrafficChange | None:
         """Section 4.5's traffic test on the DIPs' rounds (:mod:`knapsack_lb.controller.traffic`)."""
@@ -1072,7 +1076,7 @@ class VipController:
                 continue
             if disagreement(evidence, dip.curve_obj(), z=s.learning.confidence,
                             threshold=s.dynamics.capacity_change_threshold,
-                            failure_share=s.measurement.drop_failure_share) == 1:
+                            failure_share=s.measurement.drop_failure_share, spread=self.round_spread) == 1:
                 dip.returned_at = min(now, dip.returned_at + s.loop.interval)
                 reasons.append(f"slow start held: {name} measured {evidence.mean * 1e3:.1f}ms at weight "
                                f"{evidence.weight:.3f}, above its curve")

@@ -11,7 +11,9 @@ curve is learned:
 * **Every round is evidence, with its own error.** A round at the weight the LB confirmed carries
   its mean and its standard error from its own spread (:func:`round_evidence`); rounds at the same
   weight are pooled exactly (:func:`pooled`: the mean and the standard error of all their requests
-  together).
+  together). Where rounds at one weight vary more than their probes say (a round's probes see one
+  state of the queue; at layer 4 the load moves with the connections), that spread between rounds
+  is estimated for the pool (:func:`between_round_spread`) and counted by every decision.
 * **A queueing model, fitted with its uncertainty.** ``1 / latency = (1/s) * (1 - (w / c) ** k)``
   (:mod:`knapsack_lb.curves.utilisation`) is a weighted least-squares line for each knee shape
   ``k``; weights come from the standard errors. Two rounds at different loads give the unloaded
@@ -48,11 +50,13 @@ are large and caps grow slowly: the learner is cautious, not fast, on such DIPs.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import f as f_dist
 from scipy.stats import norm as normal
 from scipy.stats import t as student_t
 
@@ -64,6 +68,7 @@ PRIOR_SPREAD = 0.25  # relative standard deviation of the pool prior on a DIP's 
 BACKOFF = 0.5  # a weight that overloaded a DIP: its cap falls to this share of it (or its last clean weight)
 MODEL_ERROR = 0.01  # no round is trusted closer than 1 % (the model is an approximation; service may be fixed)
 PLAUSIBLE_CHI2 = 4.0  # a knee shape is rejected when its chi-square exceeds the best one's by this (2 sigma)
+MIN_SPREAD_PAIRS = 5  # pairs of same-weight rounds before the between-round spread is estimated
 
 
 @dataclass(frozen=True)
@@ -131,15 +136,65 @@ def same_weight(weight: float, to: float, tolerance: float) -> bool:
     return abs(weight - to) <= max(1e-4, tolerance * to)
 
 
-def by_weight(rounds: Sequence[RoundEvidence], tolerance: float) -> list[Pooled]:
-    """Rounds grouped by weight (:func:`same_weight` as the group's first) and pooled."""
+def _same_weight_groups(rounds: Sequence[RoundEvidence], tolerance: float) -> list[list[RoundEvidence]]:
+    """Successful rounds grouped by weight (:func:`same_weight` as the group's first)."""
     groups: list[list[RoundEvidence]] = []
     for r in sorted((r for r in rounds if r.n > 0 and math.isfinite(r.mean)), key=lambda r: r.weight):
         if groups and same_weight(r.weight, groups[-1][0].weight, tolerance):
             groups[-1].append(r)
         else:
             groups.append([r])
-    return [pooled(g) for g in groups]
+    return groups
+
+
+def by_weight(rounds: Sequence[RoundEvidence], tolerance: float) -> list[Pooled]:
+    """Rounds grouped by weight (:func:`same_weight` as the group's first) and pooled."""
+    return [pooled(g) for g in _same_weight_groups(rounds, tolerance)]
+
+
+def between_round_spread(dips: Iterable[Sequence[RoundEvidence]], tolerance: float, z: float) -> float:
+    """How much a round's mean varies beyond what its own probes say, as a relative standard
+    deviation (``tau``), from pairs of consecutive rounds one DIP took at the same weight, pooled over
+    the DIPs (one probing method, one kind of load).
+
+    A round's few probes are sent within a fraction of a second and see one state of the DIP's queue;
+    at layer 4 the load a DIP carries moves with the connections it holds, so rounds at one weight
+    differ by far more than their own spread (on the live demo one DIP's 5-probe rounds at weights
+    0.16-0.20 read 22 ms to 109 ms, each within +-50 % among its own probes). A round's mean then has
+    the variance ``std**2 / n + (tau * mean)**2``, and every decision that reads one round, or pools a
+    few, must count ``tau``: without it a single round with a tight spread looks like proof.
+
+    Each pair's log-ratio ``d`` has the variance ``v = v1 + v2 + 2 tau**2`` (``v_i`` the rounds' own,
+    ``(std / mean)**2 / n``); ``tau`` is the smallest value that brings the median of ``d**2 / v`` down
+    to the median of ``F(1, n1 + n2 - 2)`` (the square of a t statistic: the rounds' own variances are
+    estimated from a few probes each; a chi-square's median would read their noise as spread). The
+    median, not the mean: a DIP's real change (a capacity loss, a traffic step) is one pair of its
+    rounds, not a spread, and must not read as noise (a moment estimate over same-weight groups took
+    ``tau`` from 0.03 to 0.47 on a capacity loss of 4 of 30 DIPs). 0 with fewer than
+    ``MIN_SPREAD_PAIRS`` pairs, and unless more pairs lie above that median than chance allows at
+    ``z`` (a sign test): the estimate's own noise is no spread, and where rounds agree with their
+    probes (the fluid model) it must not move a decision."""
+    pairs: list[tuple[float, float]] = []
+    freedom: list[int] = []
+    for rounds in dips:
+        usable = [r for r in rounds if r.n >= 2 and 0 < r.mean < math.inf]
+        for a, b in itertools.pairwise(usable):
+            if same_weight(b.weight, a.weight, tolerance):
+                own = max((a.std / a.mean) ** 2 / a.n, MODEL_ERROR ** 2) + max((b.std / b.mean) ** 2 / b.n,
+                                                                                MODEL_ERROR ** 2)
+                pairs.append((math.log(b.mean / a.mean) ** 2, own))
+                freedom.append(a.n + b.n - 2)
+    if len(pairs) < MIN_SPREAD_PAIRS:
+        return 0.0
+    reference = float(f_dist.median(1, float(np.median(freedom))))
+    d2, own = np.array(pairs).T
+    if np.count_nonzero(d2 / own > reference) <= len(pairs) / 2 + z * math.sqrt(len(pairs)) / 2:
+        return 0.0
+    low, high = 0.0, float(d2.max()) / (2 * reference)  # there every ratio is at most the reference
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (mid, high) if np.median(d2 / (own + 2 * mid)) > reference else (low, mid)
+    return math.sqrt(high)
 
 
 @dataclass(frozen=True)
@@ -190,7 +245,7 @@ def mean_lower_bound(mean: float, std: float, n: int, z: float) -> float:
 
 
 def is_overload(r: RoundEvidence, unloaded: float | None, drop_factor: float, failure_share: float,
-                z: float) -> bool:
+                z: float, spread: float = 0.0) -> bool:
     """The paper's drop (section 4.3): failed probes, or a latency of ``drop_factor`` times unloaded
     or more - on the round's lower confidence bound (``z``, Student's t on its own ``n`` probes, see
     :func:`critical`), not on its mean. A drop halves the DIP's cap, so it needs proof: near
@@ -198,12 +253,15 @@ def is_overload(r: RoundEvidence, unloaded: float | None, drop_factor: float, fa
     safe load crosses the drop level by chance often enough to knock a DIP's cap down over and over
     (measured on the gauge's pools: this test against the mean's, steady-window latency over the
     oracle's median 1.04 against 1.07 and p90 1.24 against 1.43 over 80 pools). A round of one probe
-    has no spread of its own and is no latency evidence; a DIP whose probes fail still drops."""
+    has no spread of its own and is no latency evidence; a DIP whose probes fail still drops. The
+    pool's ``spread`` between rounds (:func:`between_round_spread`) widens the bound: a round that
+    caught one long queue is not proof of overload where rounds at one weight vary that much."""
     if r.n == 0 or r.failed > failure_share:
         return True
     if unloaded is None or r.n < 2:
         return False
-    return mean_lower_bound(r.mean, r.std, r.n, z) >= drop_factor * unloaded
+    own = r.mean - mean_lower_bound(r.mean, r.std, r.n, z)
+    return r.mean - math.hypot(own, z * spread * r.mean) >= drop_factor * unloaded
 
 
 @dataclass(frozen=True)
@@ -267,21 +325,24 @@ def estimate(
     drop_factor: float,
     failure_share: float,
     floor: float = 0.0,
+    spread: float = 0.0,
 ) -> Estimate | None:
     """Fit one DIP's rounds (see the module docstring); None when there is nothing to fit (no clean
     round and no prior). ``prior`` is the pool's estimate of the unloaded latency; ``floor`` is the
     cap of a DIP whose latency has not risen significantly at any weight seen (a small share of the
-    pool: what a DIP seen only nearly idle may take next), never above a weight that overloaded it."""
+    pool: what a DIP seen only nearly idle may take next), never above a weight that overloaded it.
+    ``spread`` is the pool's between-round spread (:func:`between_round_spread`): each group of
+    rounds at one weight is as uncertain as its probes say plus ``spread`` over its rounds."""
     if not rounds:
         return None
     # the unloaded latency from pooled rounds: the lowest single round of a few probes is biased low
     lowest = min((b.mean for b in by_weight(rounds, tolerance)), default=math.inf)
     unloaded = min(prior, lowest) if prior is not None else (lowest if math.isfinite(lowest) else None)
-    drops = [r for r in rounds if is_overload(r, unloaded, drop_factor, failure_share, z)]
+    drops = [r for r in rounds if is_overload(r, unloaded, drop_factor, failure_share, z, spread)]
     overloaded = rounds[-1] in drops
     bins = by_weight([r for r in rounds if r.n > 0 and (r.weight <= 0 or r not in drops)], tolerance)
     ws, ls = [b.weight for b in bins], [b.mean for b in bins]
-    vs = [max(b.stderr, MODEL_ERROR * b.mean) ** 2 for b in bins]
+    vs = [max(b.stderr, MODEL_ERROR * b.mean) ** 2 + (spread * b.mean) ** 2 / b.rounds for b in bins]
     ws, ls, vs, fits = _points_and_fits(ws, ls, vs, prior)
     drop_weights = [r.weight for r in drops if r.weight > 0]
     w_drop = min(drop_weights, default=math.inf)
@@ -310,7 +371,7 @@ def estimate(
 
 
 def disagreement(r: RoundEvidence, curve: LatencyCurve, *, z: float, threshold: float, failure_share: float,
-                 dispersion: float = 1.0) -> int | None:
+                 dispersion: float = 1.0, spread: float = 0.0) -> int | None:
     """How one round stands against ``curve``: +1 above it, -1 below it, 0 within its noise or
     ``threshold``; None when the curve does not say (no finite estimate at the round's weight).
 
@@ -318,7 +379,8 @@ def disagreement(r: RoundEvidence, curve: LatencyCurve, *, z: float, threshold: 
     variation over ``sqrt(n)``; Student's t for a round's few probes, :func:`critical`; scaled by the
     fit's ``dispersion``) and by more than ``threshold`` relative (the paper's 20 % capacity-change
     test, on a confidence bound instead of a single round). A round with failed probes at a weight
-    the curve calls safe is above it."""
+    the curve calls safe is above it. The pool's between-round ``spread`` (:func:`between_round_spread`)
+    adds to the round's own noise."""
     expected = curve.latency(r.weight)
     if not math.isfinite(expected) or expected <= 0:
         return None
@@ -329,21 +391,22 @@ def disagreement(r: RoundEvidence, curve: LatencyCurve, *, z: float, threshold: 
     # a mean's logarithm is the round's coefficient of variation over sqrt(n) (a latency's spread grows
     # with its mean, so a round that came out low by chance also has a low spread: judged on its own
     # spread, chance looks like a gain)
-    noise = critical(z, r.n) * r.std / r.mean / math.sqrt(r.n) * math.sqrt(dispersion)
+    noise = math.hypot(critical(z, r.n) * r.std / r.mean / math.sqrt(r.n) * math.sqrt(dispersion), z * spread)
     if abs(math.log(r.mean / expected)) <= noise or abs(gap) <= threshold * expected:
         return 0
     return 1 if gap > 0 else -1
 
 
 def change_direction(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z: float, threshold: float,
-                     failure_share: float, dispersion: float = 1.0, confirmations: int = 1) -> int:
+                     failure_share: float, dispersion: float = 1.0, confirmations: int = 1,
+                     spread: float = 0.0) -> int:
     """+1 (slower) or -1 (faster) when the newest ``confirmations`` rounds all disagree with ``curve``
     that way (each by :func:`disagreement`); else 0."""
     recent = list(rounds[-confirmations:])
     if len(recent) < confirmations:
         return 0
-    signs = {disagreement(r, curve, z=z, threshold=threshold, failure_share=failure_share, dispersion=dispersion)
-             for r in recent}
+    signs = {disagreement(r, curve, z=z, threshold=threshold, failure_share=failure_share, dispersion=dispersion,
+                          spread=spread) for r in recent}
     if len(signs) != 1 or not signs <= {1, -1}:
         return 0
     return signs.pop() or 0

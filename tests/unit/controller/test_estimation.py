@@ -12,6 +12,7 @@ import pytest
 from knapsack_lb.controller.estimation import (
     BACKOFF,
     RoundEvidence,
+    between_round_spread,
     by_weight,
     change_direction,
     critical,
@@ -153,6 +154,56 @@ def test_a_drop_needs_proof() -> None:
     assert not is_overload(probes(10.0, 1), 0.010, drop, 0.5, z)
     assert is_overload(RoundEvidence(0.0, 0.3, 0.010, 0.010, 5, 0.8), 0.010, drop, 0.5, z)  # failures drop
 
+
+
+def _clustered_rounds(rng: random.Random, tau: float, count: int, weight: float = 0.2, n: int = 5,
+                      cv: float = 0.3) -> list[RoundEvidence]:
+    """Rounds whose probes share one state of the DIP: each round's true mean is log-normal around
+    10 ms with spread ``tau``, its ``n`` probes spread ``cv`` around that mean."""
+    rounds = []
+    for i in range(count):
+        centre = 0.010 * math.exp(rng.gauss(0.0, tau) - tau ** 2 / 2)
+        probes = [centre * max(0.05, rng.gauss(1.0, cv)) for _ in range(n)]
+        rounds.append(RoundEvidence(float(i), weight, statistics.fmean(probes), statistics.stdev(probes), n, 0.0))
+    return rounds
+
+
+@pytest.mark.parametrize("tau", [0.3, 0.6])
+def test_the_spread_between_rounds_is_estimated_from_same_weight_pairs(tau: float) -> None:
+    rng = random.Random(11)
+    dips = [_clustered_rounds(rng, tau, 40) for _ in range(6)]
+    assert between_round_spread(dips, 0.1, Z) == pytest.approx(tau, rel=0.25)
+
+
+def test_rounds_that_agree_within_their_own_noise_have_no_spread_between_them() -> None:
+    rng = random.Random(5)
+    dips = [_clustered_rounds(rng, 0.0, 40) for _ in range(6)]
+    assert between_round_spread(dips, 0.1, Z) == 0.0  # their estimate's own noise is no spread
+    assert between_round_spread([dips[0][:4]], 0.1, Z) == 0.0  # too few pairs to say
+    apart = [RoundEvidence(float(i), 0.1 * (i + 1), 0.01 * (i + 1), 0.001, 5, 0.0) for i in range(10)]
+    assert between_round_spread([apart], 0.1, Z) == 0.0  # rounds at different weights are no pairs
+
+
+def test_a_dips_one_change_is_not_spread() -> None:
+    """A level shift is one pair of a DIP's rounds, not noise: the median over pairs ignores it."""
+    rng = random.Random(8)
+    dips = [_clustered_rounds(rng, 0.0, 20) for _ in range(6)]
+    shifted = [[r if r.time < 10 else RoundEvidence(r.time, r.weight, r.mean * 2, r.std * 2, r.n, 0.0) for r in d]
+               for d in dips]
+    assert between_round_spread(shifted, 0.1, Z) < 0.05
+
+
+def test_the_spread_between_rounds_widens_the_drop_and_change_tests() -> None:
+    """Five probes at 120 ms, 10 ms unloaded, tight among themselves: a drop on their own spread,
+    none where rounds at one weight vary by 60 %; likewise a round 50 % above its curve."""
+    tight = RoundEvidence(0.0, 0.3, 0.120, 0.012, 5, 0.0)
+    assert is_overload(tight, 0.010, 5.0, 0.5, Z)
+    assert not is_overload(tight, 0.010, 5.0, 0.5, Z, spread=0.6)
+    curve = UtilisationCurve(0.010, 0.5, 1.0)
+    above = _round(0, 0.25, curve.latency(0.25) * 1.5)
+    kw = {"z": Z, "threshold": 0.2, "failure_share": 0.01}
+    assert disagreement(above, curve, **kw) == 1
+    assert disagreement(above, curve, **kw, spread=0.3) == 0
 
 
 def test_a_change_needs_confirmed_disagreement_beyond_noise() -> None:

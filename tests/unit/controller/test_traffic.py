@@ -165,7 +165,8 @@ def test_a_dip_restored_as_traffic_rises_is_relearned_not_shifted() -> None:
     model.set_total_rate(model.total_rate * 1.1)
     reasons = _reasons(loop, 36)
     assert any(r.startswith("traffic change") for r in reasons)
-    assert any("moved against the traffic change" in r for r in reasons), reasons
+    # relearned: by the traffic test itself when their weights held, else as moving against it
+    assert any("moved against the traffic change" in r or "moved the other way" in r for r in reasons), reasons
     assert loop.ctl.plan is not None
     oracle = model.oracle()
     for name in restored:
