@@ -5,7 +5,7 @@
    it balances *connection counts*, not load (KnapsackLB section 2.1).
 3. ``knapsacklb`` - ``roundrobin`` in ``mode tcp`` with the weights KnapsackLB's controller
    pushes through the admin socket. Before it, a learning period (not counted) lets the
-   controller measure the curves (Algorithm 1) and solve; the controller keeps running.
+   controller learn the curves and solve; the controller keeps running.
 4. ``http-leastconn`` - ``mode http`` with ``leastconn`` and the learned weights (HAProxy picks
    the lowest connections/weight per *request*). At the request level a central
    least-connections is near-optimal on its own (docs/design.md, "When weights can beat

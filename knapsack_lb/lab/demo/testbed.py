@@ -148,20 +148,10 @@ class DemoTestbed:
                 "adapter": {"lb": "haproxy"},
                 "dips": [{"name": n, "address": a} for n, a in self.backends.items()],
             }],
+            # physical inputs only (the cadence, a round's age, the drain time): every learning knob at its default
             "controller": {
-                # the live demo learns with the paper's Algorithm 1: on its 5-request layer-4 rounds the default
-                # learner's safe bounds cover 0.6-0.9 of the VIP, so its plans keep moving (docs/results/demo.md)
-                "learning": {"method": "algorithm1"},
                 "loop": {"interval": s.controller_interval, "measurement_max_age": max(15.0, 4 * s.probe_interval)},
-                "drain": {"time": s.drain_time, "measure_period": 0.0},
-                "refresh": {"period": 0.0},
-                # a change seen through 5-request rounds must persist; re-measuring a DIP during a counted
-                # phase costs more than the paper's rescale does when it is wrong. How large a change must
-                # be is the detector's noise gate (the rounds' spread and the curves' own fit error)
-                "dynamics": {"change_confirmations": 3, "remeasure_on_gain": False, "remeasure_after_loss": False},
-                # the emulated DIPs never fail; Algorithm 1's deliberate overload rounds must not look
-                # like a failing DIP to the relative circuit breaker (off = the paper's behaviour)
-                "breaker": {"enabled": False},
+                "drain": {"time": s.drain_time},
             },
             "probes": {"worker_id": "demo-probes"},
             "api": {"host": "127.0.0.1", "port": api_port},
