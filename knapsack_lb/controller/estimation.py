@@ -136,20 +136,21 @@ def same_weight(weight: float, to: float, tolerance: float) -> bool:
     return abs(weight - to) <= max(1e-4, tolerance * to)
 
 
-def _same_weight_groups(rounds: Sequence[RoundEvidence], tolerance: float) -> list[list[RoundEvidence]]:
-    """Successful rounds grouped by weight (:func:`same_weight` as the group's first)."""
+def by_weight(rounds: Sequence[RoundEvidence], tolerance: float) -> list[Pooled]:
+    """Rounds grouped by weight (:func:`same_weight` as the group's first) and pooled."""
     groups: list[list[RoundEvidence]] = []
     for r in sorted((r for r in rounds if r.n > 0 and math.isfinite(r.mean)), key=lambda r: r.weight):
         if groups and same_weight(r.weight, groups[-1][0].weight, tolerance):
             groups[-1].append(r)
         else:
             groups.append([r])
-    return groups
+    return [pooled(g) for g in groups]
 
 
-def by_weight(rounds: Sequence[RoundEvidence], tolerance: float) -> list[Pooled]:
-    """Rounds grouped by weight (:func:`same_weight` as the group's first) and pooled."""
-    return [pooled(g) for g in _same_weight_groups(rounds, tolerance)]
+def _log_mean_variance(r: RoundEvidence) -> float:
+    """The variance of a round's log-mean from its own probes, ``(std / mean)**2 / n``, never below
+    the model's own error."""
+    return max((r.std / r.mean) ** 2 / r.n, MODEL_ERROR ** 2)
 
 
 def between_round_spread(dips: Iterable[Sequence[RoundEvidence]], tolerance: float, z: float) -> float:
@@ -180,9 +181,7 @@ def between_round_spread(dips: Iterable[Sequence[RoundEvidence]], tolerance: flo
         usable = [r for r in rounds if r.n >= 2 and 0 < r.mean < math.inf]
         for a, b in itertools.pairwise(usable):
             if same_weight(b.weight, a.weight, tolerance):
-                own = max((a.std / a.mean) ** 2 / a.n, MODEL_ERROR ** 2) + max((b.std / b.mean) ** 2 / b.n,
-                                                                                MODEL_ERROR ** 2)
-                pairs.append((math.log(b.mean / a.mean) ** 2, own))
+                pairs.append((math.log(b.mean / a.mean) ** 2, _log_mean_variance(a) + _log_mean_variance(b)))
                 freedom.append(a.n + b.n - 2)
     if len(pairs) < MIN_SPREAD_PAIRS:
         return 0.0
