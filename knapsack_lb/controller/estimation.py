@@ -50,7 +50,6 @@ are large and caps grow slowly: the learner is cautious, not fast, on such DIPs.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -147,10 +146,10 @@ def by_weight(rounds: Sequence[RoundEvidence], tolerance: float) -> list[Pooled]
     return [pooled(g) for g in groups]
 
 
-def _log_mean_variance(r: RoundEvidence) -> float:
-    """The variance of a round's log-mean from its own probes, ``(std / mean)**2 / n``, never below
-    the model's own error."""
-    return max((r.std / r.mean) ** 2 / r.n, MODEL_ERROR ** 2)
+@functools.lru_cache(maxsize=256)
+def _f_median(freedom: float) -> float:
+    """The median of ``F(1, freedom)``."""
+    return float(f_dist.median(1, freedom))
 
 
 def between_round_spread(dips: Iterable[Sequence[RoundEvidence]], tolerance: float, z: float) -> float:
@@ -175,19 +174,21 @@ def between_round_spread(dips: Iterable[Sequence[RoundEvidence]], tolerance: flo
     ``MIN_SPREAD_PAIRS`` pairs, and unless more pairs lie above that median than chance allows at
     ``z`` (a sign test): the estimate's own noise is no spread, and where rounds agree with their
     probes (the fluid model) it must not move a decision."""
-    pairs: list[tuple[float, float]] = []
-    freedom: list[int] = []
-    for rounds in dips:
-        usable = [r for r in rounds if r.n >= 2 and 0 < r.mean < math.inf]
-        for a, b in itertools.pairwise(usable):
-            if same_weight(b.weight, a.weight, tolerance):
-                pairs.append((math.log(b.mean / a.mean) ** 2, _log_mean_variance(a) + _log_mean_variance(b)))
-                freedom.append(a.n + b.n - 2)
-    if len(pairs) < MIN_SPREAD_PAIRS:
+    rows = [(dip, r.weight, r.mean, r.std, r.n) for dip, rounds in enumerate(dips) for r in rounds
+            if r.n >= 2 and 0 < r.mean < math.inf]
+    if len(rows) < 2:
         return 0.0
-    reference = float(f_dist.median(1, float(np.median(freedom))))
-    d2, own = np.array(pairs).T
-    if np.count_nonzero(d2 / own > reference) <= len(pairs) / 2 + z * math.sqrt(len(pairs)) / 2:
+    dip, weight, mean, std, n = np.array(rows, dtype=float).T
+    # a round's own variance of its log-mean, never below the model's error; pairs are consecutive
+    # rounds of one DIP at the same weight (:func:`same_weight`, on arrays)
+    variance = np.maximum((std / mean) ** 2 / n, MODEL_ERROR ** 2)
+    pair = (dip[1:] == dip[:-1]) & (np.abs(weight[1:] - weight[:-1]) <= np.maximum(1e-4, tolerance * weight[:-1]))
+    if np.count_nonzero(pair) < MIN_SPREAD_PAIRS:
+        return 0.0
+    d2 = np.log(mean[1:][pair] / mean[:-1][pair]) ** 2
+    own = (variance[1:] + variance[:-1])[pair]
+    reference = _f_median(float(np.median((n[1:] + n[:-1] - 2)[pair])))
+    if np.count_nonzero(d2 / own > reference) <= len(d2) / 2 + z * math.sqrt(len(d2)) / 2:
         return 0.0
     low, high = 0.0, float(d2.max()) / (2 * reference)  # there every ratio is at most the reference
     for _ in range(40):
