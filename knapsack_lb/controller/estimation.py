@@ -55,6 +55,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 from scipy.stats import f as f_dist
 from scipy.stats import norm as normal
 from scipy.stats import t as student_t
@@ -68,6 +69,7 @@ BACKOFF = 0.5  # a weight that overloaded a DIP: its cap falls to this share of 
 MODEL_ERROR = 0.01  # no round is trusted closer than 1 % (the model is an approximation; service may be fixed)
 PLAUSIBLE_CHI2 = 4.0  # a knee shape is rejected when its chi-square exceeds the best one's by this (2 sigma)
 MIN_SPREAD_PAIRS = 5  # pairs of same-weight rounds before the between-round spread is estimated
+SAME_WEIGHT_ABSOLUTE = 1e-4  # weights this close count as one, however small (:func:`same_weight`)
 
 
 @dataclass(frozen=True)
@@ -131,8 +133,15 @@ def pooled(rounds: Sequence[RoundEvidence]) -> Pooled:
 
 
 def same_weight(weight: float, to: float, tolerance: float) -> bool:
-    """``weight`` counts as taken at ``to``: within ``tolerance`` of it relative, or 1e-4 absolute."""
-    return abs(weight - to) <= max(1e-4, tolerance * to)
+    """``weight`` counts as taken at ``to``: within ``tolerance`` of it relative, or
+    ``SAME_WEIGHT_ABSOLUTE`` absolute (:func:`same_weights` on arrays)."""
+    return abs(weight - to) <= max(SAME_WEIGHT_ABSOLUTE, tolerance * to)
+
+
+def same_weights(weights: npt.NDArray[np.float64], to: npt.NDArray[np.float64],
+                 tolerance: float) -> npt.NDArray[np.bool_]:
+    """:func:`same_weight` element by element."""
+    return np.abs(weights - to) <= np.maximum(SAME_WEIGHT_ABSOLUTE, tolerance * to)
 
 
 def by_weight(rounds: Sequence[RoundEvidence], tolerance: float) -> list[Pooled]:
@@ -180,9 +189,9 @@ def between_round_spread(dips: Iterable[Sequence[RoundEvidence]], tolerance: flo
         return 0.0
     dip, weight, mean, std, n = np.array(rows, dtype=float).T
     # a round's own variance of its log-mean, never below the model's error; pairs are consecutive
-    # rounds of one DIP at the same weight (:func:`same_weight`, on arrays)
+    # rounds of one DIP at the same weight
     variance = np.maximum((std / mean) ** 2 / n, MODEL_ERROR ** 2)
-    pair = (dip[1:] == dip[:-1]) & (np.abs(weight[1:] - weight[:-1]) <= np.maximum(1e-4, tolerance * weight[:-1]))
+    pair = (dip[1:] == dip[:-1]) & same_weights(weight[1:], weight[:-1], tolerance)
     if np.count_nonzero(pair) < MIN_SPREAD_PAIRS:
         return 0.0
     d2 = np.log(mean[1:][pair] / mean[:-1][pair]) ** 2
