@@ -263,6 +263,10 @@ class ProbeSpec(BaseModel):
     requests_per_round: int = Field(100, ge=1, le=100_000, description="Requests per DIP per round (N).")
     interval: float = Field(5.0, gt=0, le=3600, description="Seconds between rounds.")
     timeout: float = Field(1.0, gt=0, le=60, description="Seconds before a request counts as a timeout.")
+    spread: float = Field(
+        0.8, ge=0, le=1,
+        description="Share of the interval over which a DIP's requests are spread, one at a random time in each "
+                    "equal slot; 0 sends them back to back.")
 
     @field_validator("path")
     @classmethod

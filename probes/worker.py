@@ -5,7 +5,14 @@ Every probe interval of a VIP (``ProbeSpec.interval``, default 5 s) each of its 
 controller's allocation, :mod:`knapsack_lb.controller.budget`; see "The probe budget" below), sent
 straight to the DIP's address,
 bypassing the load balancer, sequentially per DIP on one kept-alive connection and
-concurrently across DIPs (at most ``max_concurrency`` at once). Each request is timed from
+concurrently across DIPs (at most ``max_concurrency`` requests in flight at once). A DIP's
+requests are spread over the round (``ProbeSpec.spread`` of the interval, default 0.8): the
+interval is cut into as many equal slots as there are requests and each goes out at a uniformly
+random time in its slot (stratified sampling, :func:`send_times`), or as soon as the one before
+it has answered. Requests sent back to back see one state of the DIP's queue, so their mean
+varies from round to round far more than their own spread says; requests at random times
+see the DIP's time average (random sampling, "Framework for IP Performance Metrics",
+RFC 2330 section 11.1), and one per slot leaves no long gap unmeasured. Each request is timed from
 just before it is written to the arrival of the last byte of the body at the probe's
 socket (the kernel's receive timestamp where there is one, so the worker's own wake-up
 delay is not counted: :mod:`probes.http_client`).
@@ -55,8 +62,9 @@ import contextlib
 import hashlib
 import logging
 import math
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from knapsack_lb.clock import Clock, SystemClock, wait_unless_stopped
@@ -182,18 +190,31 @@ def valid_budget(config: VipConfig, raw: object, warned: set[tuple[str, str, str
     return budget
 
 
+def send_times(start: float, span: float, count: int, rng: random.Random) -> list[float]:
+    """When each of ``count`` requests of a round goes out: ``span`` seconds from ``start`` cut into
+    ``count`` equal slots, one uniformly random time in each (sorted; all at ``start`` when
+    ``span`` is 0)."""
+    slot = span / count if count > 0 else 0.0
+    return [start + (i + rng.random()) * slot for i in range(count)]
+
+
 async def probe_target(client: KeepAliveClient, target: ProbeTarget, deadline: float,
-                       requests: int | None = None) -> RoundSamples:
+                       requests: int | None = None, *, send_at: Sequence[float] = (),
+                       in_flight: asyncio.Semaphore | None = None) -> RoundSamples:
     """Send up to ``requests`` (default ``requests_per_round``) requests one after another until
-    ``deadline`` (perf_counter)."""
+    ``deadline`` (perf_counter), each no sooner than its time in ``send_at`` (perf_counter; none:
+    back to back), holding ``in_flight`` while a request is out."""
     samples = RoundSamples()
     expected = target.spec.expected_status
-    for _ in range(target.spec.requests_per_round if requests is None else requests):
+    for index in range(target.spec.requests_per_round if requests is None else requests):
+        if index < len(send_at) and (wait := send_at[index] - time.perf_counter()) > 0:
+            await asyncio.sleep(min(wait, max(deadline - time.perf_counter(), 0.0)))
         started = time.perf_counter()
         if started >= deadline:
             break
         try:
-            response = await client.request()
+            async with in_flight or contextlib.nullcontext():
+                response = await client.request()
         except ProbeTimeout:
             samples.add_timeout(time.perf_counter() - started)
         except ProbeConnectionError:
@@ -216,8 +237,10 @@ class ProbeWorker:
         *,
         clock: Clock | None = None,
         wall: Callable[[], float] | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.store = store
+        self.rng = rng or random.Random()  # the requests' send times within a round
         self.options = options
         self.clock: Clock = clock or SystemClock()
         self.wall: Callable[[], float] = wall or SystemClock().wall
@@ -399,18 +422,21 @@ class ProbeWorker:
         if not targets:
             return []
         started_wall = self.wall()
-        deadline = time.perf_counter() + state.config.probe.interval
+        spec = state.config.probe
+        started = time.perf_counter()
+        deadline = started + spec.interval
         weights = self._weights(state)
 
         async def one(target: ProbeTarget) -> RoundSamples:
-            async with self._semaphore:
-                client = self._client(target)
-                timestamped, read_delay = client.timestamped, client.read_delay_sum
-                try:
-                    return await probe_target(client, target, deadline, self.requests_for(vip, target.dip))
-                finally:
-                    self.stats.kernel_timestamped += client.timestamped - timestamped
-                    self.stats.read_delay_seconds += client.read_delay_sum - read_delay
+            client = self._client(target)
+            timestamped, read_delay = client.timestamped, client.read_delay_sum
+            requests = self.requests_for(vip, target.dip)
+            try:
+                return await probe_target(client, target, deadline, requests, in_flight=self._semaphore,
+                                          send_at=send_times(started, spec.spread * spec.interval, requests, self.rng))
+            finally:
+                self.stats.kernel_timestamped += client.timestamped - timestamped
+                self.stats.read_delay_seconds += client.read_delay_sum - read_delay
 
         results = await asyncio.gather(*(one(t) for t in targets))
         measurements = [

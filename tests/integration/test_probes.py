@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import signal
 import sys
 import time
@@ -26,6 +27,9 @@ from tests.conftest import RedisTarget
 
 
 def _vip(name: str, addresses: dict[str, str], **probe: object) -> VipConfig:
+    """A VIP whose rounds send their requests back to back unless ``spread`` is given: these tests are
+    about what a round holds, not when its requests go out."""
+    probe.setdefault("spread", 0.0)
     return VipConfig(
         name=name,
         dips=tuple(DipConfig(name=dip, address=address) for dip, address in addresses.items()),
@@ -67,6 +71,21 @@ async def test_a_round_matches_the_emulators_own_latency(store: RedisLatencyStor
             assert m.failure_latency_mean is None and m.worker == "w1"
         assert round_["fast"].weight == 0.7 and round_["slow"].weight == 0.3
         assert fleet.stats("fast").connections == 1  # keep-alive for the whole round
+
+
+async def test_a_dips_requests_are_spread_over_the_round_or_sent_back_to_back(store: RedisLatencyStore) -> None:
+    """With ``spread`` 0.8 the last of five requests goes out in the last fifth of 0.8 s of a 1 s
+    interval; with 0 the five go out one after another at once."""
+    with EmulatorFleet([EmulatorConfig("d1", service_time=0.001, distribution="fixed")]) as fleet:
+        for workers, (spread, shortest, longest) in enumerate(((0.8, 0.64, 1.0), (0.0, 0.0, 0.3)), start=1):
+            await store.put_vip(_vip("web", fleet.addresses, requests_per_round=5, interval=1.0, spread=spread))
+            worker = ProbeWorker(store, ProbeWorkerOptions(worker_id="w1"), rng=random.Random(3))
+            await worker.refresh()
+            started = time.perf_counter()
+            (m,) = await worker.probe_round("web")
+            took = time.perf_counter() - started
+            assert m.successes == 5 and shortest <= took < longest, (spread, took)
+            assert fleet.stats("d1").connections == workers  # one kept-alive connection per worker
 
 
 async def test_failures_are_counted_and_timed_apart(store: RedisLatencyStore) -> None:

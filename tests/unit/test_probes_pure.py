@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from knapsack_lb.errors import InvalidInputError
@@ -9,7 +11,7 @@ from knapsack_lb.model import Measurement
 from knapsack_lb.rounds import RoundSamples, nearest_rank, summarise
 from probes.assignment import assigned_to, rendezvous_owner
 from probes.buffer import RoundBuffer
-from probes.worker import ProbeWorkerOptions
+from probes.worker import ProbeWorkerOptions, send_times
 
 RESOURCES = [f"web:d{i}" for i in range(300)]
 
@@ -123,3 +125,24 @@ async def test_takeover_and_rebalance_follow_the_injected_clock() -> None:
     await workers["wc"].refresh()  # wc leases it
     assert workers["wc"].owned and workers["wa"].owned | workers["wc"].owned == everything
     assert not workers["wa"].owned & workers["wc"].owned
+
+
+def test_send_times_put_one_request_in_each_equal_slot_of_the_span() -> None:
+    times = send_times(10.0, 2.0, 8, random.Random(1))
+    assert times == sorted(times)
+    for index, at in enumerate(times):
+        assert 10.0 + index * 0.25 <= at < 10.0 + (index + 1) * 0.25
+    assert send_times(10.0, 2.0, 8, random.Random(1)) == times  # the seeded RNG decides them
+    assert send_times(10.0, 0.0, 3, random.Random(1)) == [10.0, 10.0, 10.0]  # back to back
+    assert send_times(10.0, 2.0, 0, random.Random(1)) == []
+
+
+def test_send_times_sample_the_span_uniformly() -> None:
+    """Stratified times are uniform over the span: their mean offset is the span's middle, with far
+    less spread than independent uniform times (each is confined to its slot)."""
+    rng = random.Random(7)
+    means = [sum(send_times(0.0, 1.0, 5, rng)) / 5 for _ in range(2000)]
+    centre = sum(means) / len(means)
+    spread = (sum((m - centre) ** 2 for m in means) / len(means)) ** 0.5
+    assert centre == pytest.approx(0.5, abs=0.01)
+    assert spread < 0.5 * (1 / 12 / 5) ** 0.5  # independent uniforms: sqrt(1/12/5) = 0.129
