@@ -70,6 +70,7 @@ from knapsack_lb.controller.estimation import (
     estimate,
     mean_lower_bound,
     pool_prior,
+    probe_spread,
     round_evidence,
 )
 from knapsack_lb.controller.guard import PlanGuard
@@ -313,8 +314,7 @@ class VipController:
                 here = min(near, key=lambda b: abs(b.weight - weight))
                 # never below the model's own error: the learner trusts no point closer than that
                 stderr = max(MODEL_ERROR, here.stderr * math.sqrt(dip.dispersion) / here.mean)
-            newest = next((e for e in reversed(dip.evidence) if e.n >= 2 and 0 < e.mean < math.inf), None)
-            spread = newest.std / newest.mean if newest is not None else None
+            spread = probe_spread(dip.evidence)
             best = low = None
             if rate is not None and dip.ready:
                 # an overloaded DIP carries more than it can: only its cap bounds it from below
@@ -1076,7 +1076,8 @@ class VipController:
                 continue
             if disagreement(evidence, dip.curve_obj(), z=s.learning.confidence,
                             threshold=s.dynamics.capacity_change_threshold,
-                            failure_share=s.measurement.drop_failure_share, spread=self.round_spread) == 1:
+                            failure_share=s.measurement.drop_failure_share, spread=self.round_spread,
+                            cv=probe_spread([*dip.evidence, evidence])) == 1:
                 dip.returned_at = min(now, dip.returned_at + s.loop.interval)
                 reasons.append(f"slow start held: {name} measured {evidence.mean * 1e3:.1f}ms at weight "
                                f"{evidence.weight:.3f}, above its curve")

@@ -11,9 +11,12 @@ curve is learned:
 * **Every round is evidence, with its own error.** A round at the weight the LB confirmed carries
   its mean and its standard error from its own spread (:func:`round_evidence`); rounds at the same
   weight are pooled exactly (:func:`pooled`: the mean and the standard error of all their requests
-  together). Where rounds at one weight vary more than their probes say (a round's probes see one
-  state of the queue; at layer 4 the load moves with the connections), that spread between rounds
-  is estimated for the pool (:func:`between_round_spread`) and counted by every decision.
+  together). A round judged on its own (the change test) counts at least the DIP's spread of one
+  probe pooled over its rounds (:func:`probe_spread`): a few probes' own spread is low exactly
+  when they missed the slow tail. Where rounds at one weight vary more than their
+  probes say (probes sent back to back see one state of the queue; at layer 4 the load moves with
+  the connections), that spread between rounds is estimated for the pool
+  (:func:`between_round_spread`) and counted by every decision.
 * **A queueing model, fitted with its uncertainty.** ``1 / latency = (1/s) * (1 - (w / c) ** k)``
   (:mod:`knapsack_lb.curves.utilisation`) is a weighted least-squares line for each knee shape
   ``k``; weights come from the standard errors. Two rounds at different loads give the unloaded
@@ -144,6 +147,25 @@ def same_weights(weights: npt.NDArray[np.float64], to: npt.NDArray[np.float64],
     return np.abs(weights - to) <= np.maximum(SAME_WEIGHT_ABSOLUTE, tolerance * to)
 
 
+def probe_spread(rounds: Iterable[RoundEvidence]) -> float | None:
+    """One probe's relative spread on a DIP (its latency's coefficient of variation), pooled over the
+    rounds with two or more successful probes: ``sqrt(sum((n - 1) * (std / mean)**2) / sum(n - 1))``;
+    None without such a round.
+
+    A round's own spread is a poor measure of its own error when it has a few probes: a latency's
+    spread grows with its mean, so a round that missed the slow tail by chance has both a low mean
+    and a low spread, and judged by its own spread it reads as a capacity gain (on the live demo,
+    five-probe rounds' own coefficients of variation ranged from 0.02 to 1.05 on one DIP whose
+    pooled spread was 0.5-0.65). The pooled spread has as many degrees of freedom as the DIP has
+    probes, and does not move with any one round's mean."""
+    freedom = squares = 0.0
+    for r in rounds:
+        if r.n >= 2 and 0 < r.mean < math.inf and math.isfinite(r.std):
+            freedom += r.n - 1
+            squares += (r.n - 1) * (r.std / r.mean) ** 2
+    return math.sqrt(squares / freedom) if freedom > 0 else None
+
+
 def by_weight(rounds: Sequence[RoundEvidence], tolerance: float) -> list[Pooled]:
     """Rounds grouped by weight (:func:`same_weight` as the group's first) and pooled."""
     groups: list[list[RoundEvidence]] = []
@@ -166,9 +188,10 @@ def between_round_spread(dips: Iterable[Sequence[RoundEvidence]], tolerance: flo
     deviation (``tau``), from pairs of consecutive rounds one DIP took at the same weight, pooled over
     the DIPs (one probing method, one kind of load).
 
-    A round's few probes are sent within a fraction of a second and see one state of the DIP's queue;
-    at layer 4 the load a DIP carries moves with the connections it holds, so rounds at one weight
-    differ by far more than their own spread (on the live demo one DIP's 5-probe rounds at weights
+    A round whose probes are sent back to back sees one state of the DIP's queue (the probe worker
+    spreads them over the round, but another prober may not); at layer 4 the load a DIP carries
+    moves with the connections it holds, so rounds at one weight can differ by far more than their
+    own spread (on the live demo with back-to-back probes, one DIP's 5-probe rounds at weights
     0.16-0.20 read 22 ms to 109 ms, each within +-50 % among its own probes). A round's mean then has
     the variance ``std**2 / n + (tau * mean)**2``, and every decision that reads one round, or pools a
     few, must count ``tau``: without it a single round with a tight spread looks like proof.
@@ -380,7 +403,7 @@ def estimate(
 
 
 def disagreement(r: RoundEvidence, curve: LatencyCurve, *, z: float, threshold: float, failure_share: float,
-                 dispersion: float = 1.0, spread: float = 0.0) -> int | None:
+                 dispersion: float = 1.0, spread: float = 0.0, cv: float | None = None) -> int | None:
     """How one round stands against ``curve``: +1 above it, -1 below it, 0 within its noise or
     ``threshold``; None when the curve does not say (no finite estimate at the round's weight).
 
@@ -389,7 +412,10 @@ def disagreement(r: RoundEvidence, curve: LatencyCurve, *, z: float, threshold: 
     fit's ``dispersion``) and by more than ``threshold`` relative (the paper's 20 % capacity-change
     test, on a confidence bound instead of a single round). A round with failed probes at a weight
     the curve calls safe is above it. The pool's between-round ``spread`` (:func:`between_round_spread`)
-    adds to the round's own noise."""
+    adds to the round's own noise. ``cv``, the DIP's spread of one probe pooled over its rounds
+    (:func:`probe_spread`), is the least the round's coefficient of variation counts for: a round
+    that is tight by chance gets no credit for it, one noisier than the DIP's usual is judged on
+    its own."""
     expected = curve.latency(r.weight)
     if not math.isfinite(expected) or expected <= 0:
         return None
@@ -397,10 +423,9 @@ def disagreement(r: RoundEvidence, curve: LatencyCurve, *, z: float, threshold: 
         return 1
     gap = r.mean - expected
     # on the log scale, where a latency halved and one doubled are the same news: the standard error of
-    # a mean's logarithm is the round's coefficient of variation over sqrt(n) (a latency's spread grows
-    # with its mean, so a round that came out low by chance also has a low spread: judged on its own
-    # spread, chance looks like a gain)
-    noise = math.hypot(critical(z, r.n) * r.std / r.mean / math.sqrt(r.n) * math.sqrt(dispersion), z * spread)
+    # a mean's logarithm is the coefficient of variation over sqrt(n)
+    variation = r.std / r.mean if cv is None else max(cv, r.std / r.mean)
+    noise = math.hypot(critical(z, r.n) * variation / math.sqrt(r.n) * math.sqrt(dispersion), z * spread)
     if abs(math.log(r.mean / expected)) <= noise or abs(gap) <= threshold * expected:
         return 0
     return 1 if gap > 0 else -1
@@ -410,12 +435,13 @@ def change_direction(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z:
                      failure_share: float, dispersion: float = 1.0, confirmations: int = 1,
                      spread: float = 0.0) -> int:
     """+1 (slower) or -1 (faster) when the newest ``confirmations`` rounds all disagree with ``curve``
-    that way (each by :func:`disagreement`); else 0."""
+    that way (each by :func:`disagreement`, on the spread of one probe pooled over ``rounds``); else 0."""
     recent = list(rounds[-confirmations:])
     if len(recent) < confirmations:
         return 0
+    cv = probe_spread(rounds)
     signs = {disagreement(r, curve, z=z, threshold=threshold, failure_share=failure_share, dispersion=dispersion,
-                          spread=spread) for r in recent}
+                          spread=spread, cv=cv) for r in recent}
     if len(signs) != 1 or not signs <= {1, -1}:
         return 0
     return signs.pop() or 0

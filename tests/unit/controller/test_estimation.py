@@ -21,6 +21,7 @@ from knapsack_lb.controller.estimation import (
     is_overload,
     pool_prior,
     pooled,
+    probe_spread,
     round_evidence,
 )
 from knapsack_lb.curves import curve_from_dict
@@ -252,6 +253,35 @@ def test_a_change_is_judged_on_the_log_scale_with_the_rounds_coefficient_of_vari
     assert change_direction(twice(at * 1.5), curve, **kw) == 0
     assert change_direction(twice(at / 2.5), curve, **kw) == -1
     assert change_direction(twice(at * 2.5), curve, **kw) == 1
+
+
+def test_one_probes_spread_is_pooled_over_a_dips_rounds_by_their_degrees_of_freedom() -> None:
+    rounds = [RoundEvidence(0.0, 0.2, 0.010, 0.005, 5, 0.0),  # coefficient of variation 0.5, 4 degrees of freedom
+              RoundEvidence(1.0, 0.3, 0.020, 0.020, 9, 0.0),  # 1.0, 8 degrees of freedom
+              RoundEvidence(2.0, 0.3, 0.020, 0.0, 1, 0.0),  # one probe: no spread of its own
+              RoundEvidence(3.0, 0.4, math.inf, math.inf, 0, 1.0)]  # every probe failed
+    assert probe_spread(rounds) == pytest.approx(math.sqrt((4 * 0.25 + 8 * 1.0) / 12))
+    assert probe_spread(rounds[2:]) is None
+
+
+def test_a_round_that_missed_the_slow_tail_counts_at_least_its_dips_spread() -> None:
+    """Exponential service (coefficient of variation 1): two rounds of five probes at 1/2.2 of the
+    curve, each tight among its own probes (0.2), are no capacity gain: at the DIP's pooled spread
+    (0.92 over ten earlier rounds) t(4) * 0.92 / sqrt(5) = 1.18 in log is beyond ln 2.2 = 0.79. At a
+    quarter of the curve (ln 4 = 1.39) the gain is news, and on a DIP whose probes are always that
+    tight, 1/2.2 is too."""
+    curve = UtilisationCurve(0.010, 1.0, 1.0)
+    at = curve.latency(0.7)
+    kw = {"z": Z, "threshold": 0.2, "failure_share": 0.01, "confirmations": 2}
+
+    def rounds(mean: float, cv: float, times: range) -> list[RoundEvidence]:
+        return [RoundEvidence(float(t), 0.7, mean, cv * mean, 5, 0.0) for t in times]
+
+    history, tight = rounds(at, 1.0, range(10)), rounds(at / 2.2, 0.2, range(10, 12))
+    assert change_direction(tight, curve, **kw) == -1  # on their own spread alone
+    assert change_direction([*history, *tight], curve, **kw) == 0
+    assert change_direction([*history, *rounds(at / 4, 0.2, range(10, 12))], curve, **kw) == -1
+    assert change_direction([*rounds(at, 0.2, range(10)), *tight], curve, **kw) == -1
 
 
 def test_a_few_probes_need_students_t_not_z() -> None:
