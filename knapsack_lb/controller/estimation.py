@@ -435,16 +435,24 @@ def change_direction(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z:
                      failure_share: float, dispersion: float = 1.0, confirmations: int = 1,
                      spread: float = 0.0) -> int:
     """+1 (slower) or -1 (faster) when the newest ``confirmations`` rounds all disagree with ``curve``
-    that way (each by :func:`disagreement`, on the spread of one probe pooled over ``rounds``); else 0."""
+    that way (each by :func:`disagreement`, counting at least the spread of one probe pooled over
+    ``rounds``); else 0."""
     recent = list(rounds[-confirmations:])
     if len(recent) < confirmations:
         return 0
-    cv = probe_spread(rounds)
-    signs = {disagreement(r, curve, z=z, threshold=threshold, failure_share=failure_share, dispersion=dispersion,
-                          spread=spread, cv=cv) for r in recent}
-    if len(signs) != 1 or not signs <= {1, -1}:
+
+    def signs(cv: float | None) -> set[int | None]:
+        return {disagreement(r, curve, z=z, threshold=threshold, failure_share=failure_share,
+                             dispersion=dispersion, spread=spread, cv=cv) for r in recent}
+
+    found = signs(None)
+    if len(found) == 1 and found <= {1, -1}:
+        # the pooled spread only widens a round's noise, so rounds within their own noise are within it
+        # too: it is computed only for a disagreement (the test runs on every DIP at every step)
+        found = signs(probe_spread(rounds))
+    if len(found) != 1 or not found <= {1, -1}:
         return 0
-    return signs.pop() or 0
+    return found.pop() or 0
 
 
 def pool_prior(lowest: Sequence[float]) -> float | None:
