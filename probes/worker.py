@@ -209,21 +209,21 @@ async def probe_target(client: KeepAliveClient, target: ProbeTarget, deadline: f
     for index in range(target.spec.requests_per_round if requests is None else requests):
         if index < len(send_at) and (wait := send_at[index] - time.perf_counter()) > 0:
             await asyncio.sleep(min(wait, max(deadline - time.perf_counter(), 0.0)))
-        started = time.perf_counter()
-        if started >= deadline:
-            break
-        try:
-            async with in_flight or contextlib.nullcontext():
+        async with in_flight or contextlib.nullcontext():
+            started = time.perf_counter()  # a wait for an in-flight slot is not the DIP's time
+            if started >= deadline:
+                break
+            try:
                 response = await client.request()
-        except ProbeTimeout:
-            samples.add_timeout(time.perf_counter() - started)
-        except ProbeConnectionError:
-            samples.add_error("connection", time.perf_counter() - started)
-        else:
-            if response.status == expected:
-                samples.success_latencies.append(response.latency)
+            except ProbeTimeout:
+                samples.add_timeout(time.perf_counter() - started)
+            except ProbeConnectionError:
+                samples.add_error("connection", time.perf_counter() - started)
             else:
-                samples.add_error(f"status_{response.status}", response.latency)
+                if response.status == expected:
+                    samples.success_latencies.append(response.latency)
+                else:
+                    samples.add_error(f"status_{response.status}", response.latency)
     return samples
 
 
