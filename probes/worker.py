@@ -6,11 +6,12 @@ controller's allocation, :mod:`knapsack_lb.controller.budget`; see "The probe bu
 straight to the DIP's address,
 bypassing the load balancer, sequentially per DIP on one kept-alive connection and
 concurrently across DIPs (at most ``max_concurrency`` requests in flight at once). A DIP's
-requests are spread over the round (``ProbeSpec.spread`` of the interval, default 0.8): the
-interval is cut into as many equal slots as there are requests and each goes out at a uniformly
-random time in its slot (stratified sampling, :func:`send_times`), or as soon as the one before
-it has answered. Requests sent back to back see one state of the DIP's queue, so their mean
-varies from round to round far more than their own spread says; requests at random times
+requests can be spread over the round (``ProbeSpec.spread`` of the interval; 0, the default,
+sends them back to back; the demo uses 0.8): that share of the interval is cut into as many
+equal slots as there are requests and each goes out at a uniformly random time in its slot
+(stratified sampling, :func:`send_times`), or as soon as the one before it has answered.
+Requests sent back to back see one state of the DIP's queue, so their mean varies from round
+to round far more than their own spread says; requests at random times
 see the DIP's time average (random sampling, "Framework for IP Performance Metrics",
 RFC 2330 section 11.1), and one per slot leaves no long gap unmeasured. Each request is timed from
 just before it is written to the arrival of the last byte of the body at the probe's
