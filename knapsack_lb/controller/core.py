@@ -66,7 +66,6 @@ from knapsack_lb.controller.estimation import (
     between_round_spread,
     by_weight,
     change_direction,
-    disagreement,
     estimate,
     mean_lower_bound,
     pool_prior,
@@ -1058,13 +1057,14 @@ class VipController:
 
     def _hold_disputed_ramps(self, now: float, trusted: Mapping[str, Measurement]) -> list[str]:
         """Ours: a ramp climbs on evidence, not on time alone. A returning DIP whose newest round sits
-        significantly above its kept curve (:func:`disagreement`) holds its ramp for an interval: it
-        may have come back on a slower host, and the next step would raise it on a curve its rounds
-        dispute. A second such round is the capacity change the learner or the detector acts on; a
-        time-only ramp (HAProxy's and Envoy's slow start) would meanwhile have finished at the old
-        curve's weight. The round is judged on its own noise, not scaled by the fit's dispersion: the
-        rounds that dispute a kept curve are the ones that inflate it (25x on the fluid dynamics'
-        return phase), and a hold costs one interval of the ramp, not the curve."""
+        significantly above its kept curve (:func:`change_direction` on that round alone) holds its
+        ramp for an interval: it may have come back on a slower host, and the next step would raise it
+        on a curve its rounds dispute. A second such round is the capacity change the learner or the
+        detector acts on; a time-only ramp (HAProxy's and Envoy's slow start) would meanwhile have
+        finished at the old curve's weight. The round is judged on its own noise (at least its DIP's
+        pooled spread of one probe), not scaled by the fit's dispersion: the rounds that dispute a kept
+        curve are the ones that inflate it (25x on the fluid dynamics' return phase), and a hold costs
+        one interval of the ramp, not the curve."""
         s = self.settings
         reasons = []
         for name, m in trusted.items():
@@ -1074,10 +1074,9 @@ class VipController:
             evidence = round_evidence(m, self._weight_of(name, m))
             if evidence is None or evidence.weight <= 0:
                 continue
-            if disagreement(evidence, dip.curve_obj(), z=s.learning.confidence,
-                            threshold=s.dynamics.capacity_change_threshold,
-                            failure_share=s.measurement.drop_failure_share, spread=self.round_spread,
-                            cv=probe_spread([*dip.evidence, evidence])) == 1:
+            if change_direction([*dip.evidence, evidence], dip.curve_obj(), z=s.learning.confidence,
+                                threshold=s.dynamics.capacity_change_threshold,
+                                failure_share=s.measurement.drop_failure_share, spread=self.round_spread) == 1:
                 dip.returned_at = min(now, dip.returned_at + s.loop.interval)
                 reasons.append(f"slow start held: {name} measured {evidence.mean * 1e3:.1f}ms at weight "
                                f"{evidence.weight:.3f}, above its curve")
