@@ -433,8 +433,9 @@ class ProbeWorker:
             timestamped, read_delay = client.timestamped, client.read_delay_sum
             requests = self.requests_for(vip, target.dip)
             try:
+                send_at = send_times(started, spec.spread * spec.interval, requests, self.rng) if spec.spread else ()
                 return await probe_target(client, target, deadline, requests, in_flight=self._semaphore,
-                                          send_at=send_times(started, spec.spread * spec.interval, requests, self.rng))
+                                          send_at=send_at)
             finally:
                 self.stats.kernel_timestamped += client.timestamped - timestamped
                 self.stats.read_delay_seconds += client.read_delay_sum - read_delay
