@@ -16,7 +16,8 @@ One step:
    the paper's way every ``drain.measure_period``: a DIP that carried traffic is cut to 0 (its
    weight-0 measurement) and followed until its latency settles; ``t2 - t1`` is the drain time.
 3. Failures (section 4.5): no successful probe for ``dynamics.failure_rounds`` rounds removes the DIP;
-   a successful probe brings it back (slow start if its curve is kept).
+   a successful probe brings it back (slow start if its curve is kept). Every fresh round counts
+   here, trusted or not: whether a DIP answers does not depend on the split.
 4. The relative circuit breaker (ELS blog) ejects DIPs much worse than the pool.
 5. Learning. By default (``learning.method: estimate``) every trusted round is evidence: each
    DIP's curve and cap are refitted from its rounds with their standard errors, a traffic change
@@ -234,8 +235,8 @@ class VipController:
             if config.paused:
                 self.paused_at = now
         reasons += self._drain_probe(now, observations)
+        reasons += self._failures(now, observations)
         trusted = self._trusted(now, observations)
-        reasons += self._failures(now, trusted)
         reasons += self._breaker(now, trusted)
         if self._estimating:
             reasons += self._learn(now, trusted, set(remeasure))
@@ -542,10 +543,17 @@ class VipController:
         self.in_force = split
 
     # --- 4. failures ----------------------------------------------------------------------------
-    def _failures(self, now: float, trusted: Mapping[str, Measurement]) -> list[str]:
+    def _failures(self, now: float, observations: Mapping[str, Measurement]) -> list[str]:
+        """Judge every fresh round, trusted or not: probes go to the DIP itself, so whether it answers
+        does not depend on the split the LB is moving to (a DIP that dies while plans change every
+        interval, as in a slow-start ramp, would otherwise never be seen dead)."""
         reasons = []
-        for name, m in trusted.items():
-            dip = self.dips[name]
+        for name, m in observations.items():
+            dip = self.dips.get(name)
+            if (dip is None or m.time <= dip.last_checked_round or m.time > now + 1e-9
+                    or now - m.time > self.settings.loop.measurement_max_age):
+                continue
+            dip.last_checked_round = m.time
             measured_at = self.scheduled.get(name, 0.0)
             if m.successes == 0 and m.timeouts and not m.errors and dip.measuring is not None and measured_at > 0:
                 # ours: only timeouts at the weight Algorithm 1 just gave it - overloaded by the measurement, not

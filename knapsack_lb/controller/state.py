@@ -50,7 +50,8 @@ class DipState:
     failed: bool = False
     fail_rounds: int = 0
     returned_at: float | None = None
-    last_round: float = -math.inf
+    last_round: float = -math.inf  # the newest trusted round
+    last_checked_round: float = -math.inf  # the newest round the failure check has seen (trusted or not)
     iterations: int = 0
     evidence: list[RoundEvidence] = field(default_factory=list)  # the learner's rounds (learning.method estimate)
     overloaded: bool = False

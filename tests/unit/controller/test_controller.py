@@ -462,3 +462,21 @@ def test_a_dip_that_returns_on_a_slower_host_holds_its_ramp_instead_of_climbing_
     plans = loop.plans[start:]
     assert any("slow start held: d" in r for p in plans for r in p.reasons)
     assert max(loop.model.utilisation(p.weights)["d"] for p in plans) < 1.0
+
+
+def test_a_dip_that_answers_no_probe_fails_while_the_split_is_still_moving(loop: Loop) -> None:
+    """A round taken while a new split drains is not trusted for latency, yet a DIP that answered
+    none of its probes in it is dead whatever the split: it is removed at once (a DIP killed during a
+    slow-start ramp, when the split changes every interval, was never seen dead before)."""
+    loop.until_built()
+    for _ in range(4):
+        loop.tick()
+    loop.model.fail("c")
+    loop.now += loop.ctl.settings.loop.interval
+    observations = loop.model.measure(loop.now)
+    loop.ctl.applied_at, loop.ctl.drain_time = loop.now, 1.0  # a new split confirmed, draining for 1 s
+    plan = loop.ctl.step(loop.now, observations)
+    assert all(d.last_round < loop.now for d in loop.ctl.dips.values())  # no round was trusted
+    assert loop.ctl.dips["c"].failed
+    assert plan is not None and plan.weights["c"] == 0.0
+    assert any(r.startswith("failure: c") for r in plan.reasons)
