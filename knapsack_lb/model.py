@@ -264,9 +264,9 @@ class ProbeSpec(BaseModel):
     interval: float = Field(5.0, gt=0, le=3600, description="Seconds between rounds.")
     timeout: float = Field(1.0, gt=0, le=60, description="Seconds before a request counts as a timeout.")
     spread: float = Field(
-        0.0, ge=0, le=1,
+        0.8, ge=0, le=1,
         description="Share of the interval over which a DIP's requests are spread, one at a random time in each "
-                    "equal slot (0.8 recommended for a few requests per round); 0 sends them back to back.")
+                    "equal slot, so that a round sees the DIP's time average; 0 sends them back to back.")
 
     @field_validator("path")
     @classmethod

@@ -6,8 +6,8 @@ controller's allocation, :mod:`knapsack_lb.controller.budget`; see "The probe bu
 straight to the DIP's address,
 bypassing the load balancer, sequentially per DIP on one kept-alive connection and
 concurrently across DIPs (at most ``max_concurrency`` requests in flight at once). A DIP's
-requests can be spread over the round (``ProbeSpec.spread`` of the interval; 0, the default,
-sends them back to back; the demo uses 0.8): that share of the interval is cut into as many
+requests are spread over the round (``ProbeSpec.spread`` of the interval, default 0.8; 0
+sends them back to back): that share of the interval is cut into as many
 equal slots as there are requests and each goes out at a uniformly random time in its slot
 (stratified sampling, :func:`send_times`), or as soon as the one before it has answered.
 Requests sent back to back see one state of the DIP's queue, so their mean varies from round

@@ -28,7 +28,6 @@ from knapsack_lb.lab.procs import ManagedProcess, RedisServer, free_port, wait_f
 from knapsack_lb.lab.testbed.lb_haproxy import BACKEND, HAProxyTestbed
 
 VIP = "demo"
-PROBE_SPREAD = 0.8  # five probes spread over the round see the DIP's time average, not one instant of its queue
 
 
 class DemoTestbed:
@@ -145,7 +144,7 @@ class DemoTestbed:
                 "objective": "mean",
                 "paused": True,  # the baseline phases run first; the runner unpauses it to learn
                 "probe": {"path": "/probe", "requests_per_round": s.probe_requests, "interval": s.probe_interval,
-                          "timeout": 2.0, "spread": PROBE_SPREAD},
+                          "timeout": 2.0},
                 "adapter": {"lb": "haproxy"},
                 "dips": [{"name": n, "address": a} for n, a in self.backends.items()],
             }],
