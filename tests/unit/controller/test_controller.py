@@ -466,8 +466,8 @@ def test_a_dip_that_returns_on_a_slower_host_holds_its_ramp_instead_of_climbing_
 
 def test_a_dip_that_answers_no_probe_fails_while_the_split_is_still_moving(loop: Loop) -> None:
     """A round taken while a new split drains is not trusted for latency, yet a DIP that answered
-    none of its probes in it is dead whatever the split: it is removed at once (a DIP killed during a
-    slow-start ramp, when the split changes every interval, was never seen dead before)."""
+    none of its probes in it is dead whatever the split: it is removed at once (otherwise a DIP killed
+    during a slow-start ramp, when the split changes every interval, is never seen dead)."""
     loop.until_built()
     for _ in range(4):
         loop.tick()
