@@ -429,19 +429,22 @@ class VipController:
         trusted = {}
         for name, m in observations.items():
             dip = self.dips.get(name)
-            if dip is None or m.time <= dip.last_round or m.time > now + 1e-9:
+            if dip is None or not self._fresh(m, dip.last_round, now):
                 continue
             # before the last change of the split drained: one the controller applied, or the operator's
             # while the VIP was paused (rounds then were not taken at a confirmed split)
             if m.time < max(self.applied_at, self.paused_at) + self.drain_time - 1e-9:
-                continue
-            if now - m.time > self.settings.loop.measurement_max_age:
                 continue
             if not self._stamp_agrees(name, m):
                 continue  # the prober saw another split than the LB confirmed (stale, or changed behind us)
             dip.last_round = m.time
             trusted[name] = m
         return trusted
+
+    def _fresh(self, m: Measurement, newest_seen: float, now: float) -> bool:
+        """Newer than the newest round already taken, not from the future, not older than
+        ``loop.measurement_max_age``."""
+        return newest_seen < m.time <= now + 1e-9 and now - m.time <= self.settings.loop.measurement_max_age
 
     def _stamp_agrees(self, name: str, m: Measurement) -> bool:
         """The weight the probe stamped on the round matches the split the LB confirmed (within the
@@ -550,8 +553,7 @@ class VipController:
         reasons = []
         for name, m in observations.items():
             dip = self.dips.get(name)
-            if (dip is None or m.time <= dip.last_checked_round or m.time > now + 1e-9
-                    or now - m.time > self.settings.loop.measurement_max_age):
+            if dip is None or not self._fresh(m, dip.last_checked_round, now):
                 continue
             dip.last_checked_round = m.time
             measured_at = self.scheduled.get(name, 0.0)
