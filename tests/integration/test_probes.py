@@ -27,6 +27,9 @@ from tests.conftest import RedisTarget
 
 
 def _vip(name: str, addresses: dict[str, str], **probe: object) -> VipConfig:
+    """A VIP whose rounds send their requests back to back unless ``spread`` is given: these tests are
+    about what a round holds, not when its requests go out."""
+    probe.setdefault("spread", 0.0)
     return VipConfig(
         name=name,
         dips=tuple(DipConfig(name=dip, address=address) for dip, address in addresses.items()),
