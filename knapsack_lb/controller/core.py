@@ -278,11 +278,24 @@ class VipController:
         more where the estimate at the DIP's current weight is least precise, the VIP's total
         (``requests_per_round`` x DIPs) kept, at most ``probe_budget.load_cap`` of a DIP's capacity.
         ``rate`` is the VIP's requests per second when the LB counts them; a DIP's capacity is then
-        ``rate`` x the larger of its ``w_max`` and the weight it carries (it carries that now), else
-        unknown. The floor is ``probe_budget.floor``, raised to the breaker's ``min_requests`` while the
+        ``rate`` x the larger of its ``w_max`` and the weight it carries (it carries that now).
+
+        Without request counters (layer 4 counts bytes or sessions) the VIP's rate is taken to be the
+        one of which the VIP's probes are ``load_cap``. The cap then no longer depends on ``load_cap``:
+        a DIP gets at most the VIP's probe budget times its capacity as a share of the VIP's traffic,
+        so no DIP is probed harder, for its capacity, than the VIP as a whole is for its traffic. A
+        1-vCPU DIP beside 16-vCPU ones no longer gets the uniform share (with 13 DIPs at 73 % load and
+        probes worth 3 % of the pool, the uniform share is 16 % of such a DIP's capacity). How it
+        fails: a DIP's capacity is only as good as its curve; before it has one it keeps the uniform
+        share, as with counters.
+
+        The floor is ``probe_budget.floor``, raised to the breaker's ``min_requests`` while the
         breaker is on (a DIP with fewer probes cannot be judged)."""
         s = self.settings
         floor = max(s.probe_budget.floor, s.breaker.min_requests if s.breaker.enabled else 1)
+        if rate is None:
+            budget = config.probe.requests_per_round * len(config.dips)
+            rate = budget / (config.probe.interval * s.probe_budget.load_cap)
         return allocate(self.probe_uncertainty(config, rate), uniform=config.probe.requests_per_round,
                         interval=config.probe.interval, load_cap=s.probe_budget.load_cap, floor=floor,
                         method=s.probe_budget.allocation)

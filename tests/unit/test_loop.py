@@ -364,16 +364,31 @@ async def test_rounds_are_placed_at_the_share_the_lb_counted() -> None:
     assert loop.controller.in_force["a"] != pytest.approx(0.25)
 
 
-async def test_the_probe_budget_is_stored_uniform_without_a_request_rate_and_capped_with_one() -> None:
-    """Each tick stores how many probe requests each DIP gets next round. Without the LB's request
-    counters no DIP's capacity is known, so none gets more than requests_per_round (the total is
-    kept); with them each DIP gets at most 3 % of its estimated capacity over an interval."""
+def _probe_capacity_share(ctl: VipController, name: str) -> float:
+    """A DIP's capacity as a share of the VIP's traffic, as the probe budget reads it."""
+    dip = ctl.dips[name]
+    return max(dip.curve_obj().upper_bound, dip.w_max, ctl.in_force[name])
+
+
+async def test_the_probe_budget_follows_capacity_without_a_request_rate_and_is_capped_with_one() -> None:
+    """Each tick stores how many probe requests each DIP gets next round, the VIP's total kept.
+    Without the LB's request counters (layer 4) a DIP gets at most the VIP's budget times its
+    capacity as a share of the VIP's traffic, so the smallest DIP gets fewer than the uniform share;
+    with counters each DIP gets at most 3 % of its estimated capacity over an interval."""
     lab, loop, sink = _lab_loop()
     store = loop.state
     assert isinstance(store, MemoryLatencyStore)
+    ctl = loop.controller
     await _tick(lab, loop, 3)
     uniform = lab.config.probe.requests_per_round
-    assert await store.probe_budget("vip") == dict.fromkeys(lab.model.names, uniform)
+    total = uniform * len(lab.model.names)
+    budget = await store.probe_budget("vip")
+    assert set(budget) == set(lab.model.names) and sum(budget.values()) == total
+    for name, count in budget.items():
+        assert FAST.breaker.min_requests <= count <= max(FAST.breaker.min_requests,
+                                                         total * _probe_capacity_share(ctl, name))
+    smallest = min(lab.model.names, key=lambda n: _probe_capacity_share(ctl, n))
+    assert budget[smallest] < uniform
     served = dict.fromkeys(lab.model.names, 0.0)
 
     async def traffic() -> Traffic:
@@ -384,11 +399,9 @@ async def test_the_probe_budget_is_stored_uniform_without_a_request_rate_and_cap
     sink.traffic = traffic  # type: ignore[union-attr]
     await _tick(lab, loop, 4)
     budget = await store.probe_budget("vip")
-    ctl = loop.controller
-    assert set(budget) == set(lab.model.names) and sum(budget.values()) <= uniform * len(budget)
+    assert set(budget) == set(lab.model.names) and sum(budget.values()) <= total
     for name, count in budget.items():
-        dip = ctl.dips[name]  # its best estimate of capacity: its curve's saturation
-        capacity = max(dip.curve_obj().upper_bound, dip.w_max, ctl.in_force[name]) * lab.model.total_rate
+        capacity = _probe_capacity_share(ctl, name) * lab.model.total_rate
         assert 1 <= count <= max(FAST.breaker.min_requests, 0.03 * capacity * lab.config.probe.interval)
     assert budget != dict.fromkeys(lab.model.names, uniform)
 
