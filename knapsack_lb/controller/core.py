@@ -280,14 +280,14 @@ class VipController:
         ``rate`` is the VIP's requests per second when the LB counts them; a DIP's capacity is then
         ``rate`` x the larger of its ``w_max`` and the weight it carries (it carries that now).
 
-        Without request counters (layer 4 counts bytes or sessions) the VIP's rate is taken to be the
-        one of which the VIP's probes are ``load_cap``. The cap then no longer depends on ``load_cap``:
-        a DIP gets at most the VIP's probe budget times its capacity as a share of the VIP's traffic,
-        so no DIP is probed harder, for its capacity, than the VIP as a whole is for its traffic. A
-        1-vCPU DIP beside 16-vCPU ones no longer gets the uniform share (with 13 DIPs at 73 % load and
-        probes worth 3 % of the pool, the uniform share is 16 % of such a DIP's capacity). How it
-        fails: a DIP's capacity is only as good as its curve; before it has one it keeps the uniform
-        share, as with counters.
+        Without request counters (at layer 4 HAProxy counts bytes; some adapters count nothing) the
+        VIP's rate is taken to be the one of which the VIP's probes are ``load_cap``. The cap then no
+        longer depends on ``load_cap``: a DIP gets at most the VIP's probe budget times its capacity
+        as a share of the VIP's traffic, so no DIP is probed harder, for its capacity, than the VIP
+        as a whole is for its traffic. A 1-vCPU DIP beside 16-vCPU ones no longer gets the uniform
+        share (with 13 DIPs at 73 % load and probes worth 3 % of the pool, the uniform share is 16 %
+        of such a DIP's capacity). How it fails: a DIP's capacity is only as good as its curve;
+        before it has one it keeps the uniform share, as with counters.
 
         The floor is ``probe_budget.floor``, raised to the breaker's ``min_requests`` while the
         breaker is on (a DIP with fewer probes cannot be judged)."""
