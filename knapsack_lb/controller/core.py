@@ -300,13 +300,14 @@ class VipController:
                         interval=config.probe.interval, load_cap=s.probe_budget.load_cap, floor=floor,
                         method=s.probe_budget.allocation)
 
-    def probe_uncertainty(self, config: VipConfig, rate: float | None = None) -> list[DipUncertainty]:
+    def probe_uncertainty(self, config: VipConfig, rate: float) -> list[DipUncertainty]:
         """What the controller knows of each DIP of ``config`` for the probe budget: its learning state,
         the relative standard error of its rounds at the weight it carries (pooled, scaled by the fit's
         dispersion, at least the model's 1 %; unknown with no round there, and always with
         ``algorithm1``, which keeps no per-round errors), the relative spread of one request in its
         newest round, its capacity (best estimate: the curve's saturation; lower bound: its cap or the
-        weight it carries, whichever is larger) in requests per second."""
+        weight it carries, whichever is larger) in requests per second at the VIP's ``rate``; unknown
+        until the DIP is ready."""
         carried = self._carried()
         drained = set(config.drained)
         out = []
@@ -329,7 +330,7 @@ class VipController:
                 stderr = max(MODEL_ERROR, here.stderr * math.sqrt(dip.dispersion) / here.mean)
             spread = probe_spread(dip.evidence)
             best = low = None
-            if rate is not None and dip.ready:
+            if dip.ready:
                 # an overloaded DIP carries more than it can: only its cap bounds it from below
                 low = (dip.w_max if dip.overloaded else max(dip.w_max, weight)) * rate
                 saturation = dip.curve_obj().upper_bound  # Algorithm 1's curves have none: w_max is their estimate
