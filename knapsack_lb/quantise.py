@@ -92,8 +92,10 @@ def quantise(weights: Mapping[str, float], total: int, low: int = 0, high: int |
 
 
 def haproxy_weights(weights: Mapping[str, float], high: int = HAPROXY_MAX_WEIGHT) -> Quantised:
-    """Largest-remainder integers in ``[0, high]`` whose largest is ``high``-ish (finest resolution)."""
-    top = max(weights.values())
+    """Largest-remainder integers in ``[0, high]`` whose largest is ``high``-ish (finest resolution);
+    ``weights`` in any scale (fractions, or raw weights such as vCPU counts)."""
+    mass = sum(w for w in weights.values() if w > 0)
+    top = max(weights.values()) / mass if mass > 0 else 0.0
     total = max(1, int(high / top)) if top > 0 else high
     return quantise(weights, total, low=1, high=high)
 

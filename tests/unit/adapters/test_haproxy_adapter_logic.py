@@ -102,6 +102,13 @@ def test_integer_weights_one_hot() -> None:
     assert error == 0.0
 
 
+def test_integer_weights_do_not_depend_on_the_scale_of_the_input() -> None:
+    """Raw weights (vCPU counts) quantise as their fractions do: the finest resolution either way."""
+    vcpus = {"a": 16.0, "b": 8.0, "c": 1.0}
+    q = haproxy_weights(vcpus)
+    assert q.weights == haproxy_weights({d: w / 25 for d, w in vcpus.items()}).weights == {"a": 256, "b": 128, "c": 16}
+
+
 def _settings(**extra: object) -> dict[str, object]:
     return {"socket": "/run/haproxy/admin.sock", "backend": "klb", **extra}
 
