@@ -1213,7 +1213,8 @@ class VipController:
     ) -> WeightPlan | None:
         s = self.settings
         ready = [n for n in live if self.dips[n].ready]
-        starved = [n for n in live if not self.dips[n].ready]  # dropped at every weight tried
+        # dropped at every weight tried (with no curve anywhere the split is over every live DIP)
+        starved = [n for n in live if not self.dips[n].ready] if ready else []
         objective = config.objective if config is not None else s.solver.objective
         flags: list[PlanFlag] = []
         fixed: dict[str, float] = {n: 0.0 for n in self.dips if n not in live}
@@ -1238,7 +1239,14 @@ class VipController:
         predicted: dict[str, float] = {}
         objective_value = math.nan
         seconds = 0.0
-        if not ready:
+        carried = {n: self._carried().get(n, 0.0) for n in live}
+        if not ready and all(w > 0 for w in carried.values()):
+            # the operator's weights are evidence too (weights by VM size, say): nothing learned yet is no reason
+            # to move the LB away from them
+            solved = {n: w / sum(carried.values()) for n, w in carried.items()}
+            method = PlanMethod.KEPT
+            reasons = [*reasons, "no curve is usable yet: the weights the LB carries, over the live DIPs"]
+        elif not ready:
             solved = {n: 1.0 / len(live) for n in live}
             method = PlanMethod.EQUAL_SPLIT
             reasons = [*reasons, "no curve is usable yet: equal split over live DIPs"]

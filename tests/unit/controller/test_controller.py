@@ -97,6 +97,33 @@ def test_a_cold_pool_with_every_dip_down_gets_an_equal_split() -> None:
     assert plan is not None and plan.weights == pytest.approx({n: 0.25 for n in "abcd"})
 
 
+def test_before_any_curve_the_weights_the_lb_carries_are_kept() -> None:
+    """The operator's weights (by VM size, say) stand until a curve says otherwise; with nothing
+    read from the LB, or a live DIP it carries at 0, the start is an equal split."""
+    names = list("abcd")
+    operator = {"a": 0.1, "b": 0.1, "c": 0.3, "d": 0.5}
+    ctl = VipController("vip", names, FAST)
+    ctl.observe_lb(operator, 0.0)
+    plan = ctl.step(0.0, {}, config=vip_config(names))
+    assert plan is not None and plan.method == "kept" and plan.weights == pytest.approx(operator)
+    assert "the weights the LB carries" in plan.reasons[0]
+
+    drained = VipController("vip", names, FAST)
+    drained.observe_lb(operator, 0.0)
+    plan = drained.step(0.0, {}, config=vip_config(names, drained=("d",)))
+    assert plan is not None and plan.method == "kept" and plan.weights["d"] == 0.0
+    w = plan.weights  # the rest in the carried proportions as far as the change bound allows (c: 0.3 + 0.25)
+    assert w["a"] == pytest.approx(w["b"]) and w["c"] == pytest.approx(0.55) and sum(w.values()) == pytest.approx(1)
+
+    for carried in ({}, {**operator, "b": 0.0}):
+        ctl = VipController("vip", names, FAST)
+        ctl.observe_lb(carried, 0.0)
+        plan = ctl.step(0.0, {}, config=vip_config(names))
+        assert plan is not None and plan.method == "equal-split" and plan.weights["b"] > 0.2
+        if not carried:
+            assert plan.weights == pytest.approx({n: 0.25 for n in names})
+
+
 def test_state_survives_a_json_round_trip_mid_measurement(algorithm1_loop: Loop) -> None:
     loop = algorithm1_loop
     for _ in range(4):
