@@ -39,6 +39,7 @@ from knapsack_lb.controller.core import VipController
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.loop import ControlLoop, Observation, QuantisingSink, fixed, run_now
 from knapsack_lb.model import ApplyResult, DipConfig, Measurement, ProbeSpec, Traffic, VipConfig, WeightPlan
+from knapsack_lb.quantise import quantiser
 from knapsack_lb.rounds import RoundSamples, summarise
 from knapsack_lb.sim.metrics import SimResult
 from knapsack_lb.sim.policies.base import Outcome
@@ -128,11 +129,18 @@ class KnapsackDriver:
         self.sink = QuantisingSink(spec.lb, self._push, counters=self._counters)
         self.klm = SimKlm(sim, vip, self.settings.loop.interval, lambda: self.sink.carried)
         clock = SimClock(lambda: sim.engine.now)
-        self.loop = ControlLoop(self.controller, self, fixed(self.sink), clock.now, on_apply=self._applied)
+        # the LB carries the scenario's configured weights, as its adapter would round them, and the loop
+        # reads them before its first step, as the live one does
+        configured = dict(zip(sim.names, sim.configured_weights, strict=True))
+        if sum(configured.values()) <= 0:
+            configured = dict.fromkeys(sim.names, 1.0)
+        self.sink.carried = quantiser(spec.lb)(configured).fractions()
+        self._push(self.sink.carried)
+        self.loop = ControlLoop(self.controller, self, fixed(self.sink), clock.now, read_at_start=True,
+                                on_apply=self._applied)
         self.plans: list[dict[str, Any]] = []
         self.applies: list[dict[str, Any]] = []
         self.operator: list[dict[str, Any]] = []
-        sim.set_weights([1.0 / len(sim.names)] * len(sim.names))
 
     # --- the loop's source ------------------------------------------------------------------------
     async def observe(self, now: float) -> Observation | None:

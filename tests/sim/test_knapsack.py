@@ -53,6 +53,29 @@ def test_probe_rounds_become_measurements_and_plans_reach_every_lb() -> None:
         assert lb.weights == pytest.approx([last["fast"], last["slow"]])
 
 
+def test_the_loop_starts_from_the_configured_weights_as_the_lb_rounds_them() -> None:
+    """The simulated LB carries the scenario's weights; the loop reads them before its first step,
+    as the live one does, so the first rounds are taken, and stamped, at those weights."""
+    dips = [{"name": "fast", "speed": 1.0, "weight": 3}, {"name": "slow", "speed": 0.5, "weight": 1}]
+    sim = Simulation(parse_scenario(scenario(dips=dips, duration=10.0)), "knapsack", seed=1)
+    driver = KnapsackDriver(sim, vip="klb-test")
+    assert driver.sink.carried == pytest.approx({"fast": 0.75, "slow": 0.25}, abs=0.005)  # HAProxy integers
+    assert all(lb.weights == pytest.approx([0.75, 0.25], abs=0.005) for lb in sim.lbs)
+    first: dict[str, Measurement] = {}
+    real = driver.klm.take
+
+    def keep(now: float) -> dict[str, Measurement]:
+        taken = real(now)
+        first.update({} if first else taken)
+        return taken
+
+    driver.klm.take = keep  # type: ignore[method-assign]
+    driver.start()
+    sim.run()
+    assert {n: m.weight for n, m in first.items()} == pytest.approx({"fast": 0.75, "slow": 0.25}, abs=0.005)
+    assert driver.controller.in_force and driver.plans
+
+
 def test_probes_of_a_failed_dip_count_as_errors() -> None:
     sc = parse_scenario(scenario(events=[{"at": 20.0, "kind": "fail", "dips": ["slow"]}]))
     sim = Simulation(sc, "knapsack", seed=2)

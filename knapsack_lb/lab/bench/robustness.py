@@ -304,9 +304,9 @@ def policy_run(pool: Pool, label: str) -> tuple[Scenario, PolicySpec]:
         return oracle, PolicySpec(name=weighted, label="oracle")
     if label not in (*BASELINES, "knapsack"):
         raise ValueError(f"unknown gauge policy {label!r} (known: {', '.join((*BASELINES, 'oracle', 'knapsack'))})")
+    if label == "knapsack":  # deployed beside an LB weighted by vCPU: it starts from the weights it reads there
+        return sc, PolicySpec(name="knapsack")
     equal = sc.with_changes(dips=[{**g.model_dump(), "weight": 1.0} for g in sc.dips])
-    if label == "knapsack":
-        return equal, PolicySpec(name="knapsack")
     return equal, PolicySpec.model_validate({"name": label, **checked})
 
 
