@@ -179,8 +179,8 @@ class ControlLoop:
     VIP as configured now (the operator may select another; ``None``: it selects none; use
     :func:`fixed` for one sink); ``clock`` gives the confirmation time
     (the loop's ``now`` plus however long the LB took); ``read_at_start`` reads the LB before the
-    first step so the controller starts from what it really carries (a live LB may carry
-    anything; a simulated one starts as the lab set it)."""
+    first step so the controller starts from what it really carries (the operator's weights, or
+    anything a previous controller left; the simulator's LB starts on the scenario's weights)."""
 
     controller: VipController
     source: Source

@@ -1239,17 +1239,18 @@ class VipController:
         predicted: dict[str, float] = {}
         objective_value = math.nan
         seconds = 0.0
-        carried = {n: self._carried().get(n, 0.0) for n in live}
-        if not ready and all(w > 0 for w in carried.values()):
+        if not ready:
             # the operator's weights are evidence too (weights by VM size, say): nothing learned yet is no reason
-            # to move the LB away from them
-            solved = {n: w / sum(carried.values()) for n, w in carried.items()}
-            method = PlanMethod.KEPT
-            reasons = [*reasons, "no curve is usable yet: the weights the LB carries, over the live DIPs"]
-        elif not ready:
-            solved = {n: 1.0 / len(live) for n in live}
-            method = PlanMethod.EQUAL_SPLIT
-            reasons = [*reasons, "no curve is usable yet: equal split over live DIPs"]
+            # to move the LB away from them, unless it carries a live DIP at 0 (never measured there)
+            carried = {n: self.in_force.get(n, 0.0) for n in live} if self.in_force else {}
+            if carried and min(carried.values()) > 0:
+                solved = {n: w / sum(carried.values()) for n, w in carried.items()}
+                method = PlanMethod.KEPT
+                reasons = [*reasons, "no curve is usable yet: the weights the LB carries, over the live DIPs"]
+            else:
+                solved = {n: 1.0 / len(live) for n in live}
+                method = PlanMethod.EQUAL_SPLIT
+                reasons = [*reasons, "no curve is usable yet: equal split over live DIPs"]
         elif cap_sum < free_total - 1e-9:
             solved = capacity_proportional(limits)
             method = PlanMethod.CAPACITY_PROPORTIONAL
