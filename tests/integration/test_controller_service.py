@@ -23,7 +23,7 @@ from knapsack_lb.controller.settings import ControllerSettings, LoopSettings, So
 from knapsack_lb.curves import curve_models
 from knapsack_lb.errors import StalePlanError
 from knapsack_lb.lab.fluid import FluidDip, FluidModel
-from knapsack_lb.model import AdapterSpec, DipConfig, VipConfig
+from knapsack_lb.model import AdapterSpec, DipConfig, VipConfig, WeightPlan
 from knapsack_lb.service.controller import LEASE_GROUP, ControllerService
 from knapsack_lb.store.redis import RedisLatencyStore
 from tests.conftest import RedisTarget
@@ -90,6 +90,23 @@ async def test_the_service_learns_and_pushes_through_the_store(store: RedisLaten
     assert state is not None and state["vip"] == "web"
     assert len(await store.plan_history("web")) == len(world.adapter.applied)
     assert await store.lease_owner(LEASE_GROUP, "web") == "ctl-a"
+
+
+async def test_the_service_starts_from_the_weights_the_lb_carries(store: RedisLatencyStore) -> None:
+    """An operator's weights (by VM size, say) stand until the first curve: the service reads the
+    LB before its first step and does not move it to an equal split."""
+    world = await _world(store)
+    operator = {"a": 0.1, "b": 0.3, "c": 0.6}
+    assert world.adapter.apply(WeightPlan(vip="web", weights=operator)).ok
+    service = world.service("ctl-a")
+    await service.tick()  # no probe round yet: nothing is known but what the LB carries
+    assert world.adapter.read() == pytest.approx(operator)
+    plan = await store.current_plan("web")
+    assert plan is None or (plan.method == "kept" and plan.weights == pytest.approx(operator))
+    await world.probe_round()  # the first round is taken at the operator's weights, and a plan is solved
+    await service.tick()
+    plan = await store.current_plan("web")
+    assert plan is not None and plan.method not in ("kept", "equal-split")
 
 
 async def test_a_killed_controller_is_taken_over_and_resumed_from_the_store(store: RedisLatencyStore) -> None:

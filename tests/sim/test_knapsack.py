@@ -66,7 +66,8 @@ def test_the_loop_starts_from_the_configured_weights_as_the_lb_rounds_them() -> 
 
     def keep(now: float) -> dict[str, Measurement]:
         taken = real(now)
-        first.update({} if first else taken)
+        if not first:
+            first.update(taken)
         return taken
 
     driver.klm.take = keep  # type: ignore[method-assign]
