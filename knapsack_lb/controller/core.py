@@ -1239,6 +1239,7 @@ class VipController:
         predicted: dict[str, float] = {}
         objective_value = math.nan
         seconds = 0.0
+        start = ""  # why the plan is the LB's weights or an equal split: nothing learned yet
         if not ready:
             # the operator's weights are evidence too (weights by VM size, say): nothing learned yet is no reason
             # to move the LB away from them, unless it carries a live DIP at 0 (never measured there)
@@ -1246,11 +1247,11 @@ class VipController:
             if carried and min(carried.values()) > 0:
                 solved = {n: w / sum(carried.values()) for n, w in carried.items()}
                 method = PlanMethod.KEPT
-                reasons = [*reasons, "no curve is usable yet: the weights the LB carries, over the live DIPs"]
+                start = "no curve is usable yet: the weights the LB carries, over the live DIPs"
             else:
                 solved = {n: 1.0 / len(live) for n in live}
                 method = PlanMethod.EQUAL_SPLIT
-                reasons = [*reasons, "no curve is usable yet: equal split over live DIPs"]
+                start = "no curve is usable yet: equal split over live DIPs"
         elif cap_sum < free_total - 1e-9:
             solved = capacity_proportional(limits)
             method = PlanMethod.CAPACITY_PROPORTIONAL
@@ -1322,9 +1323,14 @@ class VipController:
             solved, previous=previous, healthy=healthy, min_weight=s.rails.min_weight,
             max_change=s.rails.max_weight_change, ramp_caps=ramp, fixed=fixed,
         )
-        if (self._estimating and not reasons and self.plan is not None and not flags
-                and _same_weights(self.plan.weights, {n: weights.get(n, 0.0) for n in self.dips}, LEARNED_CHANGE)):
-            return None  # refitted curves that move no weight noticeably: the LB keeps the plan it has
+        if not reasons and not flags and self.plan is not None and (self._estimating or start):
+            # refitted curves that move no weight noticeably, or nothing learned and nothing left to move (the
+            # start restated every tick until a curve is usable): the LB keeps the plan it has
+            epsilon = PLAN_CHANGE_EPSILON if start else LEARNED_CHANGE
+            if _same_weights(self.plan.weights, {n: weights.get(n, 0.0) for n in self.dips}, epsilon):
+                return None
+        if start:
+            reasons = [*reasons, start]
         if reasons or self._curves_changed or self.plan is None:
             models = sorted({self.dips[n].model for n in ready})
             reasons = [*reasons, f"solved {len(ready)} curves ({', '.join(models) or 'none'}) with {method}"]

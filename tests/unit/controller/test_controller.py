@@ -124,6 +124,30 @@ def test_before_any_curve_the_weights_the_lb_carries_are_kept() -> None:
             assert plan.weights == pytest.approx({n: 0.25 for n in names})
 
 
+def test_the_start_is_sent_until_the_lb_carries_it_then_not_restated() -> None:
+    """With nothing learned the start (the LB's weights, or a step of the change bound towards an equal
+    split) is sent once the LB needs it; later ticks send nothing, not the same weights again."""
+    names = list("abcd")
+    for carried in ({"a": 0.1, "b": 0.1, "c": 0.3, "d": 0.5}, {}, {"a": 0.7, "b": 0.3, "c": 0.0, "d": 0.0}):
+        ctl = VipController("vip", names, FAST)
+        ctl.observe_lb(carried, 0.0)
+        plans = []
+        for t in range(0, 600, 30):
+            plan = ctl.step(float(t), {}, config=vip_config(names))
+            if plan is not None:
+                ctl.observe_lb(plan.weights, t + 0.5)
+                plans.append(plan)
+        versions = [p.version for p in plans]
+        assert versions == list(range(1, len(plans) + 1)) and len(plans) < 8, versions
+        assert all(p.weights != q.weights for p, q in itertools.pairwise(plans))
+        if not carried:
+            assert plans[-1].weights == pytest.approx(dict.fromkeys(names, 0.25))
+        elif min(carried.values()) > 0:
+            assert plans[-1].weights == pytest.approx(carried)
+        else:  # every live DIP carries some weight now (within the change bound): that is kept
+            assert min(plans[-1].weights.values()) > 0
+
+
 def test_state_survives_a_json_round_trip_mid_measurement(algorithm1_loop: Loop) -> None:
     loop = algorithm1_loop
     for _ in range(4):
