@@ -34,8 +34,9 @@ curve is learned:
   is seen rising gets a curve that says where its knee is.
 * **Overload is a hard bound.** A round with failed probes (more than ``drop_failure_share``) or
   whose mean's lower confidence bound is ``drop_latency_factor`` times the DIP's unloaded latency
-  or more (the paper's "drop", :func:`is_overload`; the unloaded latency from pooled rounds, as the
-  lowest single round of a few probes is biased low) proves the DIP cannot carry that weight: its
+  or more (the paper's "drop", :func:`is_overload`; the unloaded latency is the lower of the pool's
+  prior and the DIP's lightest rounds pooled, :func:`light_latency`, as the lowest round of a few
+  probes is biased low) proves the DIP cannot carry that weight: its
   cap falls to half of it, or to the largest weight it carried cleanly below it (multiplicative
   decrease).
 * **Changes forget the past.** A clean round that disagrees with the fitted curve by more than
@@ -68,6 +69,7 @@ from knapsack_lb.curves.utilisation import UNBOUNDED, ShapeFit, UtilisationCurve
 from knapsack_lb.model import Measurement
 
 PRIOR_SPREAD = 0.25  # relative standard deviation of the pool prior on a DIP's unloaded latency
+LIGHT_PRECISION = PRIOR_SPREAD / 2  # a light-load latency is pooled until known this well (light_latency)
 BACKOFF = 0.5  # a weight that overloaded a DIP: its cap falls to this share of it (or its last clean weight)
 MODEL_ERROR = 0.01  # no round is trusted closer than 1 % (the model is an approximation; service may be fixed)
 PLAUSIBLE_CHI2 = 4.0  # a knee shape is rejected when its chi-square exceeds the best one's by this (2 sigma)
@@ -164,6 +166,46 @@ def probe_spread(rounds: Iterable[RoundEvidence]) -> float | None:
             freedom += r.n - 1
             squares += (r.n - 1) * (r.std / r.mean) ** 2
     return math.sqrt(squares / freedom) if freedom > 0 else None
+
+
+def light_latency(rounds: Sequence[RoundEvidence], z: float) -> float:
+    """A DIP's latency at the lightest load it was seen at: its rounds pooled (:func:`pooled`) from
+    the lightest weight up until the pooled mean's relative standard error is at most
+    ``LIGHT_PRECISION``, stopping before the first round that is slower than the rounds so far by
+    more than ``z`` standard errors of both (load shows there); ``inf`` with no successful probe.
+    The standard errors count at least the DIP's spread of one probe (:func:`probe_spread`): a few
+    probes' own spread is low exactly when they missed the slow tail.
+
+    Not the lowest round, nor the lowest group of rounds at one weight: the minimum of many rounds
+    of a few probes is biased low, the more so the more rounds and the noisier the service (at
+    layer 7 the share a DIP carries moves a little every round, so most groups are one round). On a
+    37-DIP pool of exponential service (150 ms) with 3-5 probes a round, the lower quartile of the
+    DIPs' lowest rounds sat at 6-13 ms, and the drop test (5x the unloaded latency) fired on ordinary
+    rounds. How it fails: a DIP seen only under load gives its loaded latency (the drop test takes
+    the lower of it and the pool's prior); a rise too gradual to stop the pooling biases it up by
+    part of the rise."""
+    good = sorted((r for r in rounds if r.n > 0 and math.isfinite(r.mean)), key=lambda r: r.weight)
+    spread = probe_spread(good) or 0.0
+    count = 0
+    total = squares = 0.0
+
+    def mean_and_stderr() -> tuple[float, float]:
+        mean = total / count
+        variance = (squares - count * mean ** 2) / (count - 1) if count > 1 else mean ** 2
+        return mean, max(math.sqrt(max(variance, 0.0)), spread * mean) / math.sqrt(count)
+
+    for r in good:
+        if count:
+            mean, stderr = mean_and_stderr()
+            if r.mean - mean > z * math.hypot(stderr, max(r.std, spread * r.mean) / math.sqrt(r.n)):
+                break
+        count += r.n
+        total += r.n * r.mean
+        squares += (r.n - 1) * r.std ** 2 + r.n * r.mean ** 2
+        mean, stderr = mean_and_stderr()
+        if stderr <= LIGHT_PRECISION * mean:
+            return mean
+    return total / count if count else math.inf
 
 
 def by_weight(rounds: Sequence[RoundEvidence], tolerance: float) -> list[Pooled]:
@@ -367,9 +409,8 @@ def estimate(
     rounds at one weight is as uncertain as its probes say plus ``spread`` over its rounds."""
     if not rounds:
         return None
-    # the unloaded latency from pooled rounds: the lowest single round of a few probes is biased low
-    lowest = min((b.mean for b in by_weight(rounds, tolerance)), default=math.inf)
-    unloaded = min(prior, lowest) if prior is not None else (lowest if math.isfinite(lowest) else None)
+    light = light_latency(rounds, z)
+    unloaded = min(prior, light) if prior is not None else (light if math.isfinite(light) else None)
     drops = [r for r in rounds if is_overload(r, unloaded, drop_factor, failure_share, z, spread)]
     overloaded = rounds[-1] in drops
     bins = by_weight([r for r in rounds if r.n > 0 and (r.weight <= 0 or r not in drops)], tolerance)
@@ -457,7 +498,10 @@ def change_direction(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z:
 
 def pool_prior(lowest: Sequence[float]) -> float | None:
     """The pool's prior on a DIP's unloaded latency: the lower quartile of the DIPs' lowest round
-    latencies (the pool serves one application; the least loaded DIPs show its unloaded latency)."""
+    latencies (the pool serves one application; the least loaded DIPs show its unloaded latency).
+    Biased low where rounds are few probes of a noisy service, which keeps the fits cautious: the
+    DIPs' light-load latencies instead (:func:`light_latency`, unbiased) were measured and lost at
+    layer 7 (docs/decisions/controller.md, "A DIP's unloaded latency from its light rounds")."""
     values = sorted(v for v in lowest if math.isfinite(v) and v > 0)
     if not values:
         return None

@@ -11,6 +11,7 @@ import pytest
 
 from knapsack_lb.controller.estimation import (
     BACKOFF,
+    PRIOR_SPREAD,
     RoundEvidence,
     between_round_spread,
     by_weight,
@@ -19,6 +20,7 @@ from knapsack_lb.controller.estimation import (
     disagreement,
     estimate,
     is_overload,
+    light_latency,
     pool_prior,
     pooled,
     probe_spread,
@@ -299,6 +301,36 @@ def test_a_few_probes_need_students_t_not_z() -> None:
 def test_the_pool_prior_is_the_lower_quartile_of_the_lowest_latencies() -> None:
     assert pool_prior([0.01, 0.02, 0.03, 0.04, 0.05]) == pytest.approx(0.02)
     assert pool_prior([math.inf]) is None
+
+
+def _exponential_round(rng: random.Random, t: float, weight: float, mean: float, n: int) -> RoundEvidence:
+    samples = [rng.expovariate(1 / mean) for _ in range(n)]
+    return RoundEvidence(t, weight, statistics.fmean(samples), statistics.stdev(samples), n, 0.0)
+
+
+def test_the_light_latency_is_not_the_luckiest_round() -> None:
+    """37 DIPs of exponential service (150 ms) at light load, 100 rounds of four probes each: the
+    lowest round of the median DIP is under a third of the service time; pooled rounds give it
+    within the pool prior's own spread for every DIP."""
+    rng = random.Random(7)
+    dips = [[_exponential_round(rng, 5.0 * i, rng.uniform(0.009, 0.011), 0.150, 4) for i in range(100)]
+            for _ in range(37)]
+    assert statistics.median(min(r.mean for r in rounds) for rounds in dips) < 0.3 * 0.150
+    light = [light_latency(rounds, Z) for rounds in dips]
+    assert statistics.median(light) == pytest.approx(0.150, rel=0.1)
+    assert all(v == pytest.approx(0.150, rel=2 * PRIOR_SPREAD) for v in light)
+
+
+def test_the_light_latency_pools_the_lightest_rounds_and_stops_where_load_shows() -> None:
+    # fixed service: the lightest round is exact, the rounds above it are not needed
+    assert light_latency([_round(0, 0.5, 0.050, n=5, cv=0.0), _round(5, 0.1, 0.020, n=5, cv=0.0)], Z) == 0.020
+    # three noisy light rounds (10 ms pooled, known to 27 %) and one slower beyond their noise: the light
+    # rounds alone, though they are not known to 12.5 %
+    light = [_round(t, 0.1, mean, n=5, cv=1 / math.sqrt(5)) for t, mean in ((0, 0.004), (5, 0.012), (10, 0.014))]
+    loaded = _round(15, 0.3, 0.150, n=20, cv=1 / math.sqrt(20))
+    assert light_latency([*light, loaded], Z) == pytest.approx(0.010)
+    assert light_latency([], Z) == math.inf
+    assert light_latency([RoundEvidence(0.0, 0.1, math.nan, 0.0, 0, 1.0)], Z) == math.inf
 
 
 def test_the_utilisation_curve_round_trips_and_rescales() -> None:
