@@ -169,7 +169,7 @@ def probe_spread(rounds: Iterable[RoundEvidence]) -> float | None:
 
 
 def light_latency(rounds: Sequence[RoundEvidence], z: float) -> float:
-    """A DIP's latency at the lightest load it was seen at: its rounds pooled (:func:`pooled`) from
+    """A DIP's latency at the lightest load it was seen at: its rounds pooled (as :func:`pooled` does) from
     the lightest weight up until the pooled mean's relative standard error is at most
     ``LIGHT_PRECISION``, stopping before the first round that is slower than the rounds so far by
     more than ``z`` standard errors of both (load shows there); ``inf`` with no successful probe.

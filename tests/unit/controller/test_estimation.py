@@ -324,7 +324,7 @@ def test_the_light_latency_is_not_the_luckiest_round() -> None:
 def test_the_light_latency_pools_the_lightest_rounds_and_stops_where_load_shows() -> None:
     # fixed service: the lightest round is exact, the rounds above it are not needed
     assert light_latency([_round(0, 0.5, 0.050, n=5, cv=0.0), _round(5, 0.1, 0.020, n=5, cv=0.0)], Z) == 0.020
-    # three noisy light rounds (10 ms pooled, known to 27 %) and one slower beyond their noise: the light
+    # three noisy light rounds (10 ms pooled, known to 28 %) and one slower beyond their noise: the light
     # rounds alone, though they are not known to 12.5 %
     light = [_round(t, 0.1, mean, n=5, cv=1 / math.sqrt(5)) for t, mean in ((0, 0.004), (5, 0.012), (10, 0.014))]
     loaded = _round(15, 0.3, 0.150, n=20, cv=1 / math.sqrt(20))
