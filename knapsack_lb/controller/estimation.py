@@ -187,25 +187,19 @@ def light_latency(rounds: Sequence[RoundEvidence], z: float) -> float:
     good = sorted((r for r in rounds if r.n > 0 and math.isfinite(r.mean)), key=lambda r: r.weight)
     spread = probe_spread(good) or 0.0
     count = 0
-    total = squares = 0.0
-
-    def mean_and_stderr() -> tuple[float, float]:
-        mean = total / count
-        variance = (squares - count * mean ** 2) / (count - 1) if count > 1 else mean ** 2
-        return mean, max(math.sqrt(max(variance, 0.0)), spread * mean) / math.sqrt(count)
-
+    total = squares = mean = stderr = 0.0
     for r in good:
-        if count:
-            mean, stderr = mean_and_stderr()
-            if r.mean - mean > z * math.hypot(stderr, max(r.std, spread * r.mean) / math.sqrt(r.n)):
-                break
+        if count and r.mean - mean > z * math.hypot(stderr, max(r.std, spread * r.mean) / math.sqrt(r.n)):
+            break
         count += r.n
         total += r.n * r.mean
         squares += (r.n - 1) * r.std ** 2 + r.n * r.mean ** 2
-        mean, stderr = mean_and_stderr()
+        mean = total / count
+        variance = (squares - count * mean ** 2) / (count - 1) if count > 1 else mean ** 2
+        stderr = max(math.sqrt(max(variance, 0.0)), spread * mean) / math.sqrt(count)
         if stderr <= LIGHT_PRECISION * mean:
             return mean
-    return total / count if count else math.inf
+    return mean if count else math.inf
 
 
 def by_weight(rounds: Sequence[RoundEvidence], tolerance: float) -> list[Pooled]:
