@@ -68,6 +68,7 @@ from knapsack_lb.controller.estimation import (
     by_weight,
     change_direction,
     estimate,
+    light_latency,
     mean_lower_bound,
     pool_prior,
     probe_spread,
@@ -740,6 +741,7 @@ class VipController:
             self.guard.observe(self.confirmed_version, self.in_force, latest)
         lowest = [min((e.mean for e in d.evidence if e.n > 0), default=math.inf) for d in self.dips.values()]
         prior = pool_prior(lowest)
+        reference = pool_prior([light_latency(d.evidence, z) for d in self.dips.values()])
         live = [d for d in self.dips.values() if not d.failed]
         floor = START_SHARE / max(1, len(live))
         for dip in live:
@@ -747,7 +749,8 @@ class VipController:
                 continue
             est = estimate(dip.evidence, prior, z=z, tolerance=s.measurement.trust_tolerance,
                            drop_factor=s.measurement.drop_latency_factor,
-                           failure_share=s.measurement.drop_failure_share, floor=floor, spread=self.round_spread)
+                           failure_share=s.measurement.drop_failure_share, floor=floor, spread=self.round_spread,
+                           reference=reference)
             if est is None:
                 continue
             reasons += self._take_estimate(dip, est, now)

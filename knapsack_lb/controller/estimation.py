@@ -34,11 +34,12 @@ curve is learned:
   is seen rising gets a curve that says where its knee is.
 * **Overload is a hard bound.** A round with failed probes (more than ``drop_failure_share``) or
   whose mean's lower confidence bound is ``drop_latency_factor`` times the DIP's unloaded latency
-  or more (the paper's "drop", :func:`is_overload`; the unloaded latency is the lower of the pool's
-  prior and the DIP's lightest rounds pooled, :func:`light_latency`, as the lowest round of a few
-  probes is biased low) proves the DIP cannot carry that weight: its
-  cap falls to half of it, or to the largest weight it carried cleanly below it (multiplicative
-  decrease).
+  or more (the paper's "drop", :func:`is_overload`; the unloaded latency is the lower of the DIP's
+  lightest rounds pooled, :func:`light_latency`, and the lower quartile of those of the pool, not
+  of its lowest rounds: the lowest round of a few probes is biased low, and a drop level at a
+  fraction of the service time calls ordinary rounds overloads) proves the DIP cannot carry that
+  weight: its cap falls to half of it, or to the largest weight it carried cleanly below it
+  (multiplicative decrease).
 * **Changes forget the past.** A clean round that disagrees with the fitted curve by more than
   ``z`` standard errors of its log-latency and ``capacity_change_threshold`` (the paper's 20 %) drops the
   DIP's older rounds (:func:`change_direction`), so a capacity change is learned afresh from the rounds
@@ -394,17 +395,22 @@ def estimate(
     failure_share: float,
     floor: float = 0.0,
     spread: float = 0.0,
+    reference: float | None = None,
 ) -> Estimate | None:
     """Fit one DIP's rounds (see the module docstring); None when there is nothing to fit (no clean
     round and no prior). ``prior`` is the pool's estimate of the unloaded latency; ``floor`` is the
     cap of a DIP whose latency has not risen significantly at any weight seen (a small share of the
     pool: what a DIP seen only nearly idle may take next), never above a weight that overloaded it.
     ``spread`` is the pool's between-round spread (:func:`between_round_spread`): each group of
-    rounds at one weight is as uncertain as its probes say plus ``spread`` over its rounds."""
+    rounds at one weight is as uncertain as its probes say plus ``spread`` over its rounds.
+    ``reference`` is the pool's unloaded latency for the drop test (:func:`pool_prior` of the DIPs'
+    :func:`light_latency`; ``prior`` when None): the drop level is ``drop_factor`` times the lower
+    of it and the DIP's own light latency."""
     if not rounds:
         return None
     light = light_latency(rounds, z)
-    unloaded = min(prior, light) if prior is not None else (light if math.isfinite(light) else None)
+    pool = reference if reference is not None else prior
+    unloaded = min(pool, light) if pool is not None else (light if math.isfinite(light) else None)
     drops = [r for r in rounds if is_overload(r, unloaded, drop_factor, failure_share, z, spread)]
     overloaded = rounds[-1] in drops
     bins = by_weight([r for r in rounds if r.n > 0 and (r.weight <= 0 or r not in drops)], tolerance)
@@ -491,11 +497,13 @@ def change_direction(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z:
 
 
 def pool_prior(lowest: Sequence[float]) -> float | None:
-    """The pool's prior on a DIP's unloaded latency: the lower quartile of the DIPs' lowest round
-    latencies (the pool serves one application; the least loaded DIPs show its unloaded latency).
-    Biased low where rounds are few probes of a noisy service, which keeps the fits cautious: the
-    DIPs' light-load latencies instead (:func:`light_latency`, unbiased) were measured and lost at
-    layer 7 (docs/decisions/controller.md, "A DIP's unloaded latency from its light rounds")."""
+    """The pool's unloaded latency: the lower quartile of the DIPs' unloaded latencies (the pool
+    serves one application; the least loaded DIPs show its unloaded latency). The fits' prior takes
+    it over the DIPs' lowest round latencies: biased low where rounds are few probes of a noisy
+    service, which keeps the fits cautious (the DIPs' light latencies instead were measured and lost
+    at layer 7, docs/decisions/controller.md, "A DIP's unloaded latency from its light rounds"). The
+    drop test takes it over their light latencies (:func:`light_latency`), where the bias is a
+    false overload."""
     values = sorted(v for v in lowest if math.isfinite(v) and v > 0)
     if not values:
         return None

@@ -333,6 +333,31 @@ def test_the_light_latency_pools_the_lightest_rounds_and_stops_where_load_shows(
     assert light_latency([RoundEvidence(0.0, 0.1, math.nan, 0.0, 0, 1.0)], Z) == math.inf
 
 
+def test_the_drop_level_comes_from_the_pools_light_latencies_not_its_lowest_rounds() -> None:
+    """37 DIPs of exponential service (150 ms), 100 light rounds of four probes each: the lower quartile
+    of their lowest rounds is a fraction of the service time, that of their light latencies is within
+    the prior's spread of it. A round at twice the service time is no drop against the latter; one at
+    eight times is, against either."""
+    rng = random.Random(11)
+    dips = [[_exponential_round(rng, 5.0 * i, rng.uniform(0.009, 0.011), 0.150, 4) for i in range(100)]
+            for _ in range(37)]
+    biased = pool_prior([min(r.mean for r in rounds) for rounds in dips])
+    reference = pool_prior([light_latency(rounds, Z) for rounds in dips])
+    assert biased is not None and reference is not None
+    assert biased < 0.3 * 0.150
+    assert reference == pytest.approx(0.150, rel=PRIOR_SPREAD)
+
+    def overloaded(latency: float, drop_reference: float | None) -> bool:
+        # the newest of the DIP's rounds at a weight ten times its light one, known to 10 %
+        est = estimate([*dips[0][-20:], RoundEvidence(500.0, 0.1, latency, latency / 3, 12, 0.0)], biased,
+                       reference=drop_reference, **KW)
+        assert est is not None
+        return est.overloaded
+
+    assert overloaded(0.300, None) and not overloaded(0.300, reference)
+    assert overloaded(1.2, reference)
+
+
 def test_the_utilisation_curve_round_trips_and_rescales() -> None:
     curve = UtilisationCurve(0.01, 0.5, 4.0)
     assert curve.latency(0.0) == 0.01 and curve.latency(0.5) == math.inf
