@@ -45,6 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 from knapsack_lb.controller.core import VipController
+from knapsack_lb.controller.traffic import RateReading
 from knapsack_lb.errors import KnapsackLBError, StalePlanError, short_repr
 from knapsack_lb.model import ApplyResult, Measurement, Traffic, VipConfig, WeightPlan
 from knapsack_lb.quantise import quantiser
@@ -118,6 +119,7 @@ class ShareMeter:
     last: Traffic | None = None
     last_at: float = -math.inf
     rate: float | None = None  # the VIP's requests per second between the last two reads (counters of requests)
+    seconds: float = 0.0  # ... over this long
 
     def update(self, traffic: Traffic | None, now: float) -> tuple[dict[str, float], float] | None:
         """The shares since the previous read and when that read was, or ``None`` when they are not
@@ -132,8 +134,12 @@ class ShareMeter:
         if total <= 0 or any(d < 0 for d in deltas.values()):
             return None
         if traffic.kind == "requests" and now > since:
-            self.rate = total / (now - since)
+            self.rate, self.seconds = total / (now - since), now - since
         return {n: d / total for n, d in deltas.items()}, since
+
+    def reading(self, now: float) -> RateReading | None:
+        """The VIP's request rate read at ``now``, when the counters were read then and count requests."""
+        return RateReading(now, self.rate, self.seconds) if self.rate is not None and self.last_at == now else None
 
 
 def with_shares(rounds: Mapping[str, Measurement], shares: Mapping[str, float], since: float,
@@ -224,9 +230,11 @@ class ControlLoop:
             outcome.skipped = "paused"
             return outcome
         rounds = {} if config.dry_run else observation.rounds
+        rate = None
         if rounds and sink is not None:
             rounds = await self._stamp_shares(sink, rounds, now)
-        outcome.plan = ctl.step(now, rounds, config=config, remeasure=observation.remeasure)
+            rate = self._shares.reading(now)
+        outcome.plan = ctl.step(now, rounds, config=config, remeasure=observation.remeasure, rate=rate)
         if outcome.plan is not None and self.state is not None:
             await self.state.put_plan(outcome.plan)
             # the controller's curves replace the stored ones: a DIP removed from the VIP leaves no stale curve

@@ -80,7 +80,7 @@ from knapsack_lb.controller.rails import apply_rails, capacity_proportional
 from knapsack_lb.controller.scheduling import MeasurementRequest, schedule_round
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.controller.state import ControllerState, DipState, DrainProbe
-from knapsack_lb.controller.traffic import TrafficChange, shifted, traffic_change
+from knapsack_lb.controller.traffic import RateReading, TrafficChange, rate_change, shifted, traffic_change
 from knapsack_lb.curves import LatencyCurve
 from knapsack_lb.curves.fitting import fit_curve
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
@@ -188,6 +188,7 @@ class VipController:
         self.drain_time = self.settings.drain.time
         self.drain_measured_at: float | None = None
         self.traffic_changed_at = -math.inf  # rounds before it were taken under other traffic: never compared
+        self.vip_rates: list[RateReading] = []  # the VIP's request rate per step, where the LB counts requests
         self._drain: DrainProbe | None = None
         self.rounds = 0
         self.measurement_rounds = 0
@@ -224,9 +225,14 @@ class VipController:
         *,
         config: VipConfig | None = None,
         remeasure: Iterable[str] = (),
+        rate: RateReading | None = None,
     ) -> WeightPlan | None:
-        """Advance by one control interval; a new plan, or None to keep the current one."""
+        """Advance by one control interval; a new plan, or None to keep the current one. ``rate`` is
+        the VIP's request rate since the previous step, when the LB counts requests."""
         self.rounds += 1
+        if rate is not None and math.isfinite(rate.rate) and rate.rate >= 0 and rate.seconds > 0:
+            window = self.settings.learning.window
+            self.vip_rates = [r for r in self.vip_rates if rate.time - r.time <= window] + [rate]
         reasons = self._pending_reasons
         self._pending_reasons = []
         if config is not None:
@@ -348,7 +354,7 @@ class VipController:
             version=self.version, drain_time=self.drain_time, drain_measured_at=self.drain_measured_at,
             drain_probe=self._drain, rounds=self.rounds, measurement_rounds=self.measurement_rounds,
             detector=self.detector.state, breaker=self.breaker.state, guard=self.guard.state,
-            last_solved=self.last_solved, traffic_changed_at=self.traffic_changed_at,
+            last_solved=self.last_solved, traffic_changed_at=self.traffic_changed_at, vip_rates=self.vip_rates,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -369,6 +375,7 @@ class VipController:
         ctl.dips, ctl.plan, ctl.applied_at = state.dips, state.plan, state.applied_at
         ctl.confirmed_version, ctl.in_force, ctl.scheduled = state.confirmed_version, state.in_force, state.scheduled
         ctl.last_solved, ctl.traffic_changed_at = state.last_solved, state.traffic_changed_at
+        ctl.vip_rates = list(state.vip_rates)
         ctl.version, ctl.drain_time, ctl.drain_measured_at = state.version, state.drain_time, state.drain_measured_at
         ctl._drain, ctl.rounds, ctl.measurement_rounds = state.drain_probe, state.rounds, state.measurement_rounds
         ctl.detector = ChangeDetector(ctl.settings, state.detector)
@@ -711,7 +718,7 @@ class VipController:
             dip.evidence = [e for e in dip.evidence if now - e.time <= s.learning.window] + [evidence]
         self.round_spread = between_round_spread((d.evidence for d in self.dips.values() if not d.failed),
                                                  s.measurement.trust_tolerance, s.learning.confidence)
-        traffic = self._traffic_change() if latest else None
+        traffic = (self._rate_change() if self.vip_rates else self._traffic_change()) if latest else None
         if traffic is not None:
             apart = set(traffic.apart) | self._apart_from_traffic(traffic, latest)
             for dip in self.dips.values():
@@ -779,6 +786,13 @@ class VipController:
                                 failure_share=s.measurement.drop_failure_share,
                                 dispersion=1.0 if dip.returned_at is not None else dip.dispersion,
                                 confirmations=s.dynamics.change_confirmations, spread=self.round_spread)
+
+    def _rate_change(self) -> TrafficChange | None:
+        """The traffic test on the VIP's request rate since the last traffic change (:func:`rate_change`)."""
+        s = self.settings
+        return rate_change([r for r in self.vip_rates if r.time > self.traffic_changed_at],
+                           confirmations=s.dynamics.change_confirmations, threshold=s.dynamics.traffic_change_threshold,
+                           z=s.learning.confidence)
 
     def _traffic_change(self) -> TrafficChange | None:
         """Section 4.5's traffic test on the DIPs' rounds (:mod:`knapsack_lb.controller.traffic`)."""

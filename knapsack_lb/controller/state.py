@@ -26,6 +26,7 @@ from knapsack_lb.controller.dynamics import DetectorState
 from knapsack_lb.controller.estimation import RoundEvidence
 from knapsack_lb.controller.guard import GuardState
 from knapsack_lb.controller.measurement import DipMeasurement
+from knapsack_lb.controller.traffic import RateReading
 from knapsack_lb.curves import LatencyCurve, curve_from_dict
 from knapsack_lb.errors import InvalidInputError, short_repr
 from knapsack_lb.model import WeightPlan
@@ -103,6 +104,7 @@ class ControllerState(BaseModel):
     guard: GuardState = Field(default_factory=GuardState)
     last_solved: WeightPlan | None = None
     traffic_changed_at: float = -math.inf  # the learner's last traffic change (section 4.5)
+    vip_rates: list[RateReading] = Field(default_factory=list)  # the VIP's request rate per step (LB counters)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types only (non-finite numbers as strings): safe for any JSON writer."""

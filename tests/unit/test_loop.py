@@ -362,6 +362,10 @@ async def test_rounds_are_placed_at_the_share_the_lb_counted() -> None:
     assert len(counted) >= 3 and evidence
     assert evidence[-1].weight == pytest.approx(0.25)  # the counted share, not the planned weight
     assert loop.controller.in_force["a"] != pytest.approx(0.25)
+    # the VIP's request rate between two reads (4 DIPs x 100 requests in 5 s) reaches the controller too
+    rates = loop.controller.vip_rates
+    assert rates and all(r.rate == pytest.approx(80.0) and r.seconds == pytest.approx(5.0) for r in rates)
+    assert rates[-1].time == lab.now
 
 
 def _probe_capacity_share(ctl: VipController, name: str) -> float:

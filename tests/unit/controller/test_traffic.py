@@ -5,15 +5,18 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 
 from knapsack_lb.controller.core import VipController
+from knapsack_lb.controller.dynamics import K_EVENT_MAX
 from knapsack_lb.controller.estimation import RoundEvidence
 from knapsack_lb.controller.settings import ControllerSettings
-from knapsack_lb.controller.traffic import shifted, traffic_change
+from knapsack_lb.controller.traffic import RateReading, rate_change, shifted, traffic_change
 from knapsack_lb.curves.utilisation import UtilisationCurve
 from knapsack_lb.lab.bench.controller import paper30_dips
 from knapsack_lb.lab.fluid import FluidModel
+from knapsack_lb.model import Traffic
 
 from .loop import Loop
 
@@ -106,6 +109,42 @@ def test_a_shift_moves_all_but_the_newest_rounds() -> None:
     assert [r.mean for r in moved] == [r.mean for r in rounds]
 
 
+def _rates(rng: random.Random, rates: list[float], seconds: float = 5.0) -> list[RateReading]:
+    """Reads of the VIP's request counters every ``seconds``: Poisson counts at these rates."""
+    return [RateReading(seconds * (i + 1), float(np.random.default_rng(rng.randrange(2**32)).poisson(r * seconds))
+                        / seconds, seconds) for i, r in enumerate(rates)]
+
+
+RATE = {"confirmations": 2, "threshold": 0.1, "z": 2.0}
+
+
+def test_the_vip_request_rate_calls_a_traffic_change_and_its_size() -> None:
+    """The LB's request counters at 200 req/s, then +15 % for two reads: a traffic change of the
+    counted ratio (k its inverse); the same for less traffic, clamped to one event's bounds."""
+    rng = random.Random(3)
+    change = rate_change(_rates(rng, [200.0] * 8 + [230.0] * 2), **RATE)
+    assert change is not None and change.counted and change.judged == 0
+    assert change.ratio == pytest.approx(1.15, abs=0.03) and change.k == pytest.approx(1 / change.ratio)
+    assert "request rate x1.1" in change.describe()
+    halved = rate_change(_rates(rng, [200.0] * 8 + [100.0] * 2), **RATE)
+    assert halved is not None and halved.ratio == pytest.approx(0.5, abs=0.05) and halved.k == K_EVENT_MAX
+
+
+def test_a_rate_change_needs_every_newest_read_beyond_the_threshold_and_the_noise() -> None:
+    rng = random.Random(4)
+    steady = _rates(rng, [200.0] * 10)
+    assert rate_change(steady, **RATE) is None
+    assert rate_change(_rates(rng, [200.0] * 9 + [230.0]), **RATE) is None  # one read is no change yet
+    assert rate_change(_rates(rng, [200.0] * 8 + [210.0] * 2), **RATE) is None  # 5 %: below the threshold
+    assert rate_change(_rates(rng, [200.0] * 8 + [230.0, 170.0]), **RATE) is None  # not the same way
+    assert rate_change(_rates(rng, [200.0] * 2 + [230.0] * 2), **RATE) is None  # too few reads before them
+    # traffic burstier than Poisson (reads between 140 and 260 req/s): +15 % is within its spread
+    bursty = [RateReading(5.0 * i, rate, 5.0) for i, rate in enumerate([140.0, 260.0] * 4 + [230.0, 230.0])]
+    assert rate_change(bursty, **RATE) is None
+    # a few requests a second: +15 % is within the counts' own noise
+    assert rate_change(_rates(rng, [2.0] * 8 + [2.3] * 2), **RATE) is None
+
+
 def _paper_pool(seed: int, ticks: int) -> Loop:
     """The paper's 30-DIP pool at 70 % load, learned by the default learner for ``ticks`` intervals."""
     dips = paper30_dips(seed)
@@ -145,6 +184,33 @@ def test_the_learner_keeps_its_curves_through_a_traffic_rise() -> None:
     assert len([r for r in reasons if r.startswith("change:")]) <= 3
     assert sum(len(d.evidence) >= min(kept[n], 10) for n, d in loop.ctl.dips.items()) >= 27
     assert math.isfinite(loop.ctl.traffic_changed_at)
+
+
+def test_where_the_lb_counts_requests_the_learner_reads_traffic_from_the_rate() -> None:
+    """The paper's pool behind an LB that counts requests (each DIP's served requests at its share of
+    the VIP's rate): steady traffic for 40 s calls nothing; +15 % is one traffic change, read from the
+    counters, and no plan after it drives a DIP past capacity."""
+    loop = _paper_pool(1, ticks=100)
+    model = loop.model
+    served = dict.fromkeys(model.names, 0.0)
+
+    async def traffic() -> Traffic:
+        for name, share in model.effective_weights(loop.now).items():
+            served[name] += share * model.total_rate * loop.ctl.settings.loop.interval
+        return Traffic("requests", dict(served))
+
+    loop.lab.sink.traffic = traffic  # type: ignore[attr-defined]
+    assert not any(r.startswith("traffic change") for r in _reasons(loop, 8))
+    assert len(loop.ctl.vip_rates) >= 7
+    model.set_total_rate(model.total_rate * 1.15)
+    reasons: list[str] = []
+    for _ in range(12):
+        plan = loop.tick()
+        if plan is not None:
+            reasons += plan.reasons
+            assert max(loop.model.utilisation(plan.weights).values()) < 1.0
+    changes = [r for r in reasons if r.startswith("traffic change")]
+    assert len(changes) == 1 and "the VIP's request rate x1.150" in changes[0], reasons
 
 
 def test_a_dip_restored_as_traffic_rises_is_relearned_not_shifted() -> None:
