@@ -93,7 +93,7 @@ class SimDip:
         # FCFS
         self._busy = 0
         self._queue: deque[Job] = deque()
-        self._running: set[Job] = set()
+        self._running: dict[Job, None] = {}  # in service, in start order (a set's order is its objects' addresses)
         # PS
         self._heap: list[tuple[float, int, Job]] = []
         self._seq = 0
@@ -257,7 +257,7 @@ class SimDip:
     def _fcfs_start(self, job: Job) -> None:
         self._touch()
         self._busy += 1
-        self._running.add(job)
+        self._running[job] = None
         self.engine.after(job.size / self.speed, self._fcfs_done, job)
 
     def _fcfs_done(self, job: Job) -> None:
@@ -265,7 +265,7 @@ class SimDip:
             return
         self._touch()
         self._busy -= 1
-        self._running.discard(job)
+        self._running.pop(job, None)
         if self._queue:
             self._fcfs_start(self._queue.popleft())
         self._finish(job)

@@ -70,3 +70,18 @@ def test_status_only_path_gives_the_same_run_as_the_outcome_path() -> None:
         assert sa == sb
         for key in ("start", "latency", "status"):
             assert (a.series[key] == b.series[key]).all(), key
+
+
+def test_a_dip_that_fails_with_requests_in_service_answers_them_in_a_fixed_order() -> None:
+    """A fast failure answers every request in service with an error, and each error is retried on
+    another DIP: the order of those answers is the order of the retries' draws, so it must not depend
+    on where the requests happen to sit in memory."""
+    sc = small("l7-basics", duration=6.0).with_changes(
+        dips=[{"name": "s", "count": 3, "workers": 4, "discipline": "fcfs", "speed": 1.0, "weight": 1}],
+        clients={"kind": "closed", "concurrency": 40, "count": 40, "think_time": 0.0},
+        lb={"timeout": 2.0, "retries": {"max_attempts": 2}},
+        events=[{"at": 3.0, "kind": "fail", "dips": [0], "mode": "fast"}],
+    )
+    runs = [run(sc, "random", seed=7) for _ in range(4)]
+    for other in runs[1:]:
+        assert other.latencies.tolist() == runs[0].latencies.tolist()
