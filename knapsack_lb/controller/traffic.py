@@ -30,7 +30,7 @@ load under the new traffic (``w * k``), instead of relearning each DIP from its 
 whose latency moved the other way changed on its own (its capacity, at the same time): it is
 relearned from its newest rounds, as its own change test would.
 
-Where the LB counts requests (HTTP modes, Envoy), the VIP's request rate between two reads of its
+Where the LB counts requests (HAProxy in HTTP mode), the VIP's request rate between two reads of its
 counters says the same directly (:func:`rate_change`), and the controller reads it instead: behind
 least connections the share a DIP carries moves every round with its latency, so few DIPs hold
 their weight long enough to be judged, and at high utilisation the pool's queues swing together.

@@ -165,19 +165,25 @@ def _reasons(loop: Loop, ticks: int) -> list[str]:
     return reasons
 
 
-def test_the_learner_keeps_its_curves_through_a_traffic_rise() -> None:
-    """+10 % traffic on the paper's 30-DIP pool: one traffic change, the DIPs keep their rounds, and
-    no plan after it drives a DIP past capacity."""
-    loop = _paper_pool(1, ticks=100)
-    model = loop.model
-    kept = {n: len(d.evidence) for n, d in loop.ctl.dips.items()}
-    model.set_total_rate(model.total_rate * 1.1)
+def _reasons_after_a_rise(loop: Loop, factor: float) -> list[str]:
+    """The reasons of the plans over 12 intervals after the VIP's traffic rises by ``factor``; no plan
+    may drive a DIP past capacity."""
+    loop.model.set_total_rate(loop.model.total_rate * factor)
     reasons: list[str] = []
     for _ in range(12):
         plan = loop.tick()
         if plan is not None:
             reasons += plan.reasons
             assert max(loop.model.utilisation(plan.weights).values()) < 1.0
+    return reasons
+
+
+def test_the_learner_keeps_its_curves_through_a_traffic_rise() -> None:
+    """+10 % traffic on the paper's 30-DIP pool: one traffic change, the DIPs keep their rounds, and
+    no plan after it drives a DIP past capacity."""
+    loop = _paper_pool(1, ticks=100)
+    kept = {n: len(d.evidence) for n, d in loop.ctl.dips.items()}
+    reasons = _reasons_after_a_rise(loop, 1.1)
     assert sum(r.startswith("traffic change") for r in reasons) == 1, reasons
     # without the shift nearly every DIP would relearn from two rounds; one found faster than its
     # shifted curve may still be
@@ -202,13 +208,7 @@ def test_where_the_lb_counts_requests_the_learner_reads_traffic_from_the_rate() 
     loop.lab.sink.traffic = traffic  # type: ignore[attr-defined]
     assert not any(r.startswith("traffic change") for r in _reasons(loop, 8))
     assert len(loop.ctl.vip_rates) >= 7
-    model.set_total_rate(model.total_rate * 1.15)
-    reasons: list[str] = []
-    for _ in range(12):
-        plan = loop.tick()
-        if plan is not None:
-            reasons += plan.reasons
-            assert max(loop.model.utilisation(plan.weights).values()) < 1.0
+    reasons = _reasons_after_a_rise(loop, 1.15)
     changes = [r for r in reasons if r.startswith("traffic change")]
     assert len(changes) == 1 and "the VIP's request rate x1.150" in changes[0], reasons
 
