@@ -73,6 +73,7 @@ from knapsack_lb.controller.estimation import (
     pool_prior,
     probe_spread,
     round_evidence,
+    unloaded_latency,
 )
 from knapsack_lb.controller.guard import PlanGuard
 from knapsack_lb.controller.measurement import DipMeasurement
@@ -748,7 +749,8 @@ class VipController:
             self.guard.observe(self.confirmed_version, self.in_force, latest)
         lowest = [min((e.mean for e in d.evidence if e.n > 0), default=math.inf) for d in self.dips.values()]
         prior = pool_prior(lowest)
-        reference = pool_prior([light_latency(d.evidence, z) for d in self.dips.values()])
+        lights = {name: light_latency(d.evidence, z) for name, d in self.dips.items()}
+        reference = pool_prior(list(lights.values()))
         live = [d for d in self.dips.values() if not d.failed]
         floor = START_SHARE / max(1, len(live))
         for dip in live:
@@ -757,7 +759,7 @@ class VipController:
             est = estimate(dip.evidence, prior, z=z, tolerance=s.measurement.trust_tolerance,
                            drop_factor=s.measurement.drop_latency_factor,
                            failure_share=s.measurement.drop_failure_share, floor=floor, spread=self.round_spread,
-                           reference=reference)
+                           unloaded=unloaded_latency(reference, lights[dip.name]))
             if est is None:
                 continue
             reasons += self._take_estimate(dip, est, now)

@@ -203,6 +203,12 @@ def light_latency(rounds: Sequence[RoundEvidence], z: float) -> float:
     return mean if count else math.inf
 
 
+def unloaded_latency(pool: float | None, light: float) -> float | None:
+    """The unloaded latency a DIP's drop test reads: the lower of the pool's (None: not known) and the
+    DIP's own ``light`` latency (:func:`light_latency`; ``inf``: no successful probe); None without either."""
+    return min(pool, light) if pool is not None else (light if math.isfinite(light) else None)
+
+
 def by_weight(rounds: Sequence[RoundEvidence], tolerance: float) -> list[Pooled]:
     """Rounds grouped by weight (:func:`same_weight` as the group's first) and pooled."""
     groups: list[list[RoundEvidence]] = []
@@ -395,7 +401,7 @@ def estimate(
     failure_share: float,
     floor: float = 0.0,
     spread: float = 0.0,
-    reference: float | None = None,
+    unloaded: float | None = None,
 ) -> Estimate | None:
     """Fit one DIP's rounds (see the module docstring); None when there is nothing to fit (no clean
     round and no prior). ``prior`` is the pool's estimate of the unloaded latency; ``floor`` is the
@@ -403,14 +409,13 @@ def estimate(
     pool: what a DIP seen only nearly idle may take next), never above a weight that overloaded it.
     ``spread`` is the pool's between-round spread (:func:`between_round_spread`): each group of
     rounds at one weight is as uncertain as its probes say plus ``spread`` over its rounds.
-    ``reference`` is the pool's unloaded latency for the drop test (:func:`pool_prior` of the DIPs'
-    :func:`light_latency`; ``prior`` when None): the drop level is ``drop_factor`` times the lower
-    of it and the DIP's own light latency."""
+    ``unloaded`` is the DIP's unloaded latency for the drop test, :func:`unloaded_latency` of the
+    pool's (:func:`pool_prior` of the DIPs' :func:`light_latency`) and its own; when None, that of
+    ``prior`` and its own. The drop level is ``drop_factor`` times it."""
     if not rounds:
         return None
-    light = light_latency(rounds, z)
-    pool = reference if reference is not None else prior
-    unloaded = min(pool, light) if pool is not None else (light if math.isfinite(light) else None)
+    if unloaded is None:
+        unloaded = unloaded_latency(prior, light_latency(rounds, z))
     drops = [r for r in rounds if is_overload(r, unloaded, drop_factor, failure_share, z, spread)]
     overloaded = rounds[-1] in drops
     bins = by_weight([r for r in rounds if r.n > 0 and (r.weight <= 0 or r not in drops)], tolerance)

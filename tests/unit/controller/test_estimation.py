@@ -25,6 +25,7 @@ from knapsack_lb.controller.estimation import (
     pooled,
     probe_spread,
     round_evidence,
+    unloaded_latency,
 )
 from knapsack_lb.curves import curve_from_dict
 from knapsack_lb.curves.utilisation import UtilisationCurve
@@ -349,8 +350,9 @@ def test_the_drop_level_comes_from_the_pools_light_latencies_not_its_lowest_roun
 
     def overloaded(latency: float, drop_reference: float | None) -> bool:
         # the newest of the DIP's rounds at a weight ten times its light one, known to 10 %
-        est = estimate([*dips[0][-20:], RoundEvidence(500.0, 0.1, latency, latency / 3, 12, 0.0)], biased,
-                       reference=drop_reference, **KW)
+        rounds = [*dips[0][-20:], RoundEvidence(500.0, 0.1, latency, latency / 3, 12, 0.0)]
+        unloaded = None if drop_reference is None else unloaded_latency(drop_reference, light_latency(rounds, Z))
+        est = estimate(rounds, biased, unloaded=unloaded, **KW)
         assert est is not None
         return est.overloaded
 
