@@ -62,6 +62,7 @@ from knapsack_lb.controller.dynamics import (
 )
 from knapsack_lb.controller.estimation import (
     MODEL_ERROR,
+    RELAXED_LEVELS,
     Estimate,
     RoundEvidence,
     between_round_spread,
@@ -809,15 +810,17 @@ class VipController:
 
     def _take_estimate(self, dip: DipState, est: Estimate, now: float) -> list[str]:
         """Install an estimate as the DIP's curve and cap; say so when the DIP was overloaded."""
-        cap = est.cap
+        cap, relaxed = est.cap, list(est.relaxed)
         if dip.held is not None and now < dip.held_until:
-            cap = min(cap, dip.held)  # a rollback holds it at the weight it had under the better plan
+            # a rollback holds it at the weight it had under the better plan
+            cap, relaxed = min(cap, dip.held), [min(r, dip.held) for r in relaxed]
         reasons = []
         if est.overloaded and not dip.overloaded:
             reasons.append(f"overload: {dip.name} at weight {dip.evidence[-1].weight:.3f}; cap now {cap:.3f}")
         dip.overloaded, dip.dispersion = est.overloaded, est.dispersion
         changed_cap = abs(cap - dip.w_max) > PLAN_CHANGE_EPSILON
         dip.curve, dip.model, dip.w_max, dip.l0, dip.fitted_at = est.curve.to_dict(), "utilisation", cap, est.s, now
+        dip.relaxed = relaxed
         dip.points = [(e.weight, e.mean) for e in dip.evidence if e.n > 0][-self.settings.fitting.max_points:]
         dip.fit_error = None
         if changed_cap or reasons:
@@ -893,6 +896,7 @@ class VipController:
         """Section 4.5: multiply the curve's weights (and w_max, and its points) by ``k``."""
         dip.curve = dip.curve_obj().scaled(k).to_dict()
         dip.w_max *= k
+        dip.relaxed = [r * k for r in dip.relaxed]
         dip.points = [(w * k, latency) for w, latency in dip.points]
         dip.drop_points = [(w * k, latency) for w, latency in dip.drop_points]
         self._curves_changed = True
@@ -1151,30 +1155,52 @@ class VipController:
             return dict(solved)
         return dict(self._solve(names, total, {**pins, **over}, objective, limits).weights)
 
-    def _stretched(self, limits: Mapping[str, float], names: Sequence[str], need: float,
-                   room: float) -> tuple[dict[str, float], float]:
-        """``limits`` with those of ``names`` stretched by one factor, so that caps holding ``room``
-        carry ``need`` with ``STRETCH_FREEDOM`` to spare (each still below its curve's asymptote),
-        and the factor."""
-        stretch = need / room * STRETCH_FREEDOM
-        return {**limits, **{n: self._limit(n, limits[n] * stretch) for n in names}}, stretch
+    def _stretched(self, limits: Mapping[str, float], names: Sequence[str],
+                   need: float) -> tuple[dict[str, float], str]:
+        """``limits`` widened for ``names`` until their caps (less the rails' headroom) carry ``need``
+        with ``STRETCH_FREEDOM`` to spare, each still below its curve's asymptote, and how.
+
+        First by confidence, when every DIP has a fit to relax: the caps at the most confident of
+        the learner's looser levels (``DipState.relaxed``) that carry it. A level moves each DIP by
+        its own uncertainty: one seen at its knee stays near it and one seen far below its knee
+        takes the room, where one common factor gave every DIP the same share of room and lifted a
+        DIP just backed off from an overload straight back to the weight that overloaded it (on the
+        live demo a DIP that dropped at 0.172, its cap cut to 0.123, was stretched to 0.135-0.169
+        and ran 100 % busy).
+        Else every cap of the loosest level is stretched by one factor: no level carries it, or the
+        caps have no confidence scale to compare (Algorithm 1's measured caps; a DIP seen at one
+        weight or overloaded at every weight it was seen at). Measured against giving such a DIP
+        its cap at every level, which lost on the fluid dynamics benchmark (docs/decisions/controller.md)."""
+        headroom = 1 - self.settings.rails.overload_headroom
+        target = need * STRETCH_FREEDOM
+        levels = min((len(self.dips[n].relaxed) for n in names), default=0)
+        wider = dict(limits)
+        for level in range(levels):
+            wider = {**limits, **{n: self._limit(n, max(limits[n], self.dips[n].relaxed[level])) for n in names}}
+            if sum(wider[n] for n in names) * headroom >= target:
+                return wider, f"relaxed to their {RELAXED_LEVELS[level]:g}-z confidence bounds"
+        room = sum(wider[n] for n in names) * headroom
+        stretch = target / max(room, 1e-12)
+        loosest = f"at their {RELAXED_LEVELS[levels - 1]:g}-z bounds " if levels else ""
+        return ({**wider, **{n: self._limit(n, wider[n] * stretch) for n in names}},
+                f"{loosest}stretched x{stretch:.3f}")
 
     def _widen_for_ramps(self, names: list[str], total: float, pins: Mapping[str, float], objective: str,
                          solved: Mapping[str, float], ramp: Mapping[str, float], limits: Mapping[str, float],
-                         held: Mapping[str, float], spare: float) -> tuple[dict[str, float], float] | None:
+                         held: Mapping[str, float], spare: float) -> tuple[dict[str, float], str] | None:
         """The learner's caps are confidence bounds, not capacities: when the others' caps cannot carry
-        what the ramps hold back, they are stretched by one factor with room (``STRETCH_FREEDOM``), as
-        when the caps do not cover the VIP, and the solver places the rest by the curves; spreading it
+        what the ramps hold back, they are widened as when the caps do not cover the VIP
+        (:meth:`_stretched`), and the solver places the rest by the curves; spreading it
         in proportion to the caps instead puts most on a DIP whose knee was never seen (a small DIP
-        in the day-2 tour went to 107 % that way). ``(weights, factor)``, or None for Algorithm 1's
+        in the day-2 tour went to 107 % that way). ``(weights, how)``, or None for Algorithm 1's
         measured caps or when even the stretched caps cannot carry it."""
         others = [n for n in names if n not in held and n not in pins]
         room = sum(limits[n] for n in others)
         if not self._estimating or not others or room <= 0:
             return None
-        wider, stretch = self._stretched(limits, others, spare, room)
+        wider, how = self._stretched(limits, others, spare)
         try:
-            return self._hold_ramps(names, total, pins, objective, solved, ramp, wider), stretch
+            return self._hold_ramps(names, total, pins, objective, solved, ramp, wider), how
         except (KnapsackLBError, ValueError, ArithmeticError):
             return None
 
@@ -1247,12 +1273,10 @@ class VipController:
         cap_sum = capacity(limits)
         free_total = 1.0 - sum(w for n, w in pins.items() if n in self.dips and n not in ready)
         if ready and cap_sum < free_total - 1e-9:
-            # the pool needs more than the DIPs' caps: every cap stretched by the same factor, with room for
-            # the solver to choose
-            limits, stretch = self._stretched(limits, list(limits), free_total - pinned, max(cap_sum - pinned, 1e-12))
+            # the pool needs more than the DIPs' caps: widened with room for the solver to choose
+            limits, how = self._stretched(limits, [n for n in limits if n not in pins], free_total - pinned)
             if self._curves_changed:
-                reasons = [*reasons, f"the DIPs' caps sum to {cap_sum:.3f} < {free_total:.3f}: each stretched "
-                           f"x{stretch:.3f}"]
+                reasons = [*reasons, f"the DIPs' caps sum to {cap_sum:.3f} < {free_total:.3f}: {how}"]
             cap_sum = capacity(limits)
         method = ""
         predicted: dict[str, float] = {}
@@ -1313,9 +1337,9 @@ class VipController:
                 spare = free_total - sum(held.values()) - sum(w for n, w in pins.items() if n in ready)
                 widened = self._widen_for_ramps(ready, free_total, pins, objective, solved, ramp, limits, held, spare)
                 if widened is not None:
-                    solved, stretch = widened
-                    reasons = [*reasons, f"over capacity while returning DIPs ramp up: the others' caps stretched "
-                               f"x{stretch:.3f}, placed by their curves"]
+                    solved, how = widened
+                    reasons = [*reasons, f"over capacity while returning DIPs ramp up: the others' caps {how}, "
+                               "placed by their curves"]
                 else:
                     rest = capacity_proportional({n: self.dips[n].w_max for n in ready
                                                   if n not in held and n not in pins})

@@ -55,6 +55,7 @@ are large and caps grow slowly: the learner is cautious, not fast, on such DIPs.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -76,6 +77,9 @@ MODEL_ERROR = 0.01  # no round is trusted closer than 1 % (the model is an appro
 PLAUSIBLE_CHI2 = 4.0  # a knee shape is rejected when its chi-square exceeds the best one's by this (2 sigma)
 MIN_SPREAD_PAIRS = 5  # pairs of same-weight rounds before the between-round spread is estimated
 SAME_WEIGHT_ABSOLUTE = 1e-4  # weights this close count as one, however small (:func:`same_weight`)
+# Looser confidence levels for the caps, as shares of ``z``: when the caps at ``z`` cannot carry the VIP the
+# plan takes the most confident level whose caps can (:attr:`Estimate.relaxed`)
+RELAXED_LEVELS = (0.75, 0.5, 0.25)
 
 
 @dataclass(frozen=True)
@@ -276,7 +280,11 @@ def between_round_spread(dips: Iterable[Sequence[RoundEvidence]], tolerance: flo
 class Estimate:
     """What the rounds say about one DIP: its curve, its saturation weight (best estimate), the
     largest weight a plan may give it (``cap``: the lower confidence bound of the saturation) and
-    whether its last round overloaded it."""
+    whether its last round overloaded it. ``relaxed`` holds the caps at the looser confidence levels
+    of ``RELAXED_LEVELS`` (each at least the one before, and ``cap``): a DIP whose saturation is known
+    precisely (seen at its knee) gains little from them, one seen only far below its knee much, and
+    none passes the backoff below a weight that overloaded it; empty without a fit (rounds at one
+    weight, or overloaded at every weight seen)."""
 
     curve: UtilisationCurve
     saturation: float
@@ -284,6 +292,7 @@ class Estimate:
     overloaded: bool
     points: int
     dispersion: float = 1.0
+    relaxed: tuple[float, ...] = ()
 
     @property
     def s(self) -> float:
@@ -345,9 +354,14 @@ class _ShapeVerdict:
     much more the points vary than their errors say, and whether any rise is significant."""
 
     best: ShapeFit
-    low: float
+    plausible: tuple[ShapeFit, ...]
     dispersion: float
     flat: bool
+
+    def low(self, z: float) -> float:
+        """The lowest plausible saturation at ``z`` standard errors."""
+        return min(f.saturation(f.beta + z * math.sqrt(max(f.var_beta * self.dispersion, 0.0)))
+                   for f in self.plausible)
 
 
 def _dispersion(chi2: float, points: int) -> float:
@@ -359,14 +373,14 @@ def _dispersion(chi2: float, points: int) -> float:
 
 def _judge_shapes(fits: Sequence[ShapeFit], points: int, z: float) -> _ShapeVerdict:
     """Profile over the knee shapes: those within ``PLAUSIBLE_CHI2`` (scaled) of the best fit are
-    plausible; the curve is the gentlest plausible one, the bound the lowest plausible ``c`` at ``z``."""
+    plausible; the curve is the gentlest plausible one, the bound (:meth:`_ShapeVerdict.low`) the lowest
+    plausible ``c`` at a given number of standard errors; flat unless the rise is ``z`` of them."""
     lowest = min(fits, key=lambda f: (round(f.chi2, 9), f.k))
     dispersion = _dispersion(lowest.chi2, points)
-    plausible = [f for f in fits if f.chi2 <= lowest.chi2 + PLAUSIBLE_CHI2 * dispersion]
-    low = min(f.saturation(f.beta + z * math.sqrt(max(f.var_beta * dispersion, 0.0))) for f in plausible)
+    plausible = tuple(f for f in fits if f.chi2 <= lowest.chi2 + PLAUSIBLE_CHI2 * dispersion)
     gentle = fits[0]  # k = 1: a rise that M/M/1 cannot tell from noise is no rise
     flat = gentle.beta <= z * math.sqrt(max(gentle.var_beta * dispersion, 0.0))
-    return _ShapeVerdict(min(plausible, key=lambda f: f.k), low, dispersion, flat)
+    return _ShapeVerdict(min(plausible, key=lambda f: f.k), plausible, dispersion, flat)
 
 
 def _points_and_fits(ws: list[float], ls: list[float], vs: list[float], prior: float | None,
@@ -439,13 +453,18 @@ def estimate(
         curve = UtilisationCurve(min(ls), UNBOUNDED * max(cap, 1e-3), 1.0)
         return Estimate(curve, math.inf, cap, overloaded, len(bins))
     shapes = _judge_shapes(fits, len(ws), z)
-    low, saturation = min(shapes.low, bound), min(shapes.best.saturation(), w_drop)
-    if shapes.flat and not overloaded:
-        low = max(low, min(floor, bound))
+    saturation = min(shapes.best.saturation(), w_drop)
+
+    def cap_at(level: float) -> float:
+        low = min(shapes.low(level), bound)
+        return max(0.0, max(low, min(floor, bound)) if shapes.flat and not overloaded else low)
+
+    low = cap_at(z)
+    relaxed = tuple(itertools.accumulate((cap_at(share * z) for share in RELAXED_LEVELS), max, initial=low))[1:]
     top = max((w for w in ws if w > 0), default=0.0)
     curve = curve_from_fit(shapes.best, w_arr, None, saturation=max(saturation, low * 1.01, top * 1.01, 1e-6)
                            if math.isfinite(saturation) else None)
-    return Estimate(curve, saturation, max(0.0, low), overloaded, len(bins), shapes.dispersion)
+    return Estimate(curve, saturation, low, overloaded, len(bins), shapes.dispersion, relaxed)
 
 
 def disagreement(r: RoundEvidence, curve: LatencyCurve, *, z: float, threshold: float, failure_share: float,

@@ -261,6 +261,35 @@ def test_a_pool_its_caps_cannot_carry_gives_the_excess_where_the_curves_have_roo
     assert any("stretched" in r for r in plan.reasons)
 
 
+def test_caps_that_cannot_carry_the_vip_are_relaxed_by_each_dips_own_uncertainty() -> None:
+    """``known``, the fastest DIP, was seen at its knee (cap 0.25, its looser confidence bounds
+    0.26-0.28, curve saturating at 0.3); ``a`` and ``b`` only far below theirs (caps 0.3, looser bounds 0.4, 0.6,
+    1.0). The caps sum to 0.85: the first level whose caps carry the VIP with room (1.25) is the
+    second (0.27 + 2 x 0.6), and ``known`` stays within it. One common factor (x1.47) would have
+    given ``known`` up to its asymptote. Without looser bounds (Algorithm 1's measured caps) the
+    caps are stretched by one factor."""
+    def controller(relaxed: bool) -> VipController:
+        ctl = VipController("vip", ["a", "b", "known"], FAST)
+        for name, floor, scale, saturation, cap, looser in (
+                ("a", 0.02, 0.001, 2.0, 0.3, [0.4, 0.6, 1.0]), ("b", 0.02, 0.001, 2.0, 0.3, [0.4, 0.6, 1.0]),
+                ("known", 0.0, 0.00001, 0.3, 0.25, [0.26, 0.27, 0.28])):
+            dip = ctl.dips[name]
+            dip.measuring = None
+            dip.curve = QueueingCurve(floor, scale, saturation).to_dict()
+            dip.w_max = cap
+            dip.relaxed = looser if relaxed else []
+        return ctl
+
+    plan = controller(relaxed=True).step(5.0, {})
+    assert plan is not None and "over-capacity" not in plan.flags
+    assert plan.weights["known"] <= 0.27 + 1e-6
+    assert any("relaxed to their 0.5-z confidence bounds" in r for r in plan.reasons), plan.reasons
+
+    stretched = controller(relaxed=False).step(5.0, {})
+    assert stretched is not None and stretched.weights["known"] > 0.27
+    assert any("stretched x1.471" in r for r in stretched.reasons), stretched.reasons
+
+
 def test_drain_time_is_measured_and_waited_out() -> None:
     """With an 8 s drain lag the controller measures a drain time of 10 s (two 5 s probe rounds) and
     still learns curves that land near the oracle."""
@@ -467,7 +496,7 @@ def test_a_returning_dip_the_others_cannot_cover_for_is_covered_by_their_stretch
         loop.tick(config=vip_config(names, drained=("c",)))
     plan = loop.tick(config=vip_config(names))
     assert plan is not None and plan.weights["c"] <= loop.ctl.settings.rails.min_weight + 1e-9
-    assert any("caps stretched" in r and "placed by their curves" in r for r in plan.reasons), plan.reasons
+    assert any("the others' caps" in r and "placed by their curves" in r for r in plan.reasons), plan.reasons
     assert PlanFlag.OVER_CAPACITY in plan.flags
     assert max(loop.model.utilisation(plan.weights).values()) < 1.1  # the pool itself is at 100 %
 

@@ -12,6 +12,7 @@ import pytest
 from knapsack_lb.controller.estimation import (
     BACKOFF,
     PRIOR_SPREAD,
+    RELAXED_LEVELS,
     RoundEvidence,
     between_round_spread,
     by_weight,
@@ -114,6 +115,24 @@ def test_a_flat_dip_grows_by_a_bounded_factor_and_the_floor() -> None:
     assert est is not None and 0.2 < est.cap < 0.4  # no rise seen: a bounded step up, not the whole VIP
     tiny = estimate([_round(0, 0.002, 0.010)], 0.010, **KW, floor=0.05)
     assert tiny is not None and tiny.cap == pytest.approx(0.05)  # nearly idle: the floor share
+
+
+def test_looser_confidence_levels_move_each_cap_by_its_own_uncertainty() -> None:
+    """The caps at looser levels rise with each level and stay below the best estimate of the
+    saturation for a DIP seen at its knee; a DIP seen only flat gains most (at 0.75 z its k = 1 bound
+    is a third higher: ``c`` is inversely proportional to ``beta + z' * se`` with ``beta`` = 0); an
+    overloaded DIP never passes the backoff below the weight that overloaded it."""
+    servers, mu, total = 8, 100.0, 1000.0
+    knee = estimate([_round(i, w, _mmc(servers, mu, w * total)) for i, w in enumerate((0.2, 0.4, 0.55, 0.65, 0.7))],
+                    None, **KW)
+    assert knee is not None and len(knee.relaxed) == len(RELAXED_LEVELS)
+    assert knee.cap <= knee.relaxed[0] <= knee.relaxed[1] <= knee.relaxed[2] < knee.saturation
+    flat = estimate([_round(i, 0.2, 0.010) for i in range(3)], 0.010, **KW, floor=0.05)
+    assert flat is not None and flat.relaxed[0] > flat.cap
+    assert flat.relaxed[0] / flat.cap > knee.relaxed[0] / knee.cap
+    dropped = estimate([_round(0, 0.1, 0.010), _round(5, 0.2, 0.011), _round(10, 0.4, 0.2, failed=0.3)], None,
+                       **KW, floor=0.5)
+    assert dropped is not None and max(dropped.relaxed) <= max(BACKOFF * 0.4, 0.2)
 
 
 def test_an_overload_backs_off_from_the_weight_that_caused_it() -> None:
