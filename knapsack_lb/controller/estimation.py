@@ -282,7 +282,7 @@ class Estimate:
     largest weight a plan may give it (``cap``: the lower confidence bound of the saturation) and
     whether its last round overloaded it. ``relaxed`` holds the caps at the looser confidence levels
     of ``RELAXED_LEVELS`` (each at least the one before, and ``cap``): a DIP whose saturation is known
-    precisely (seen at its knee) gains little from them, one seen only far below its knee much, and
+    precisely (seen at its knee) gains least from them, one seen only far below its knee more, and
     none passes the backoff below a weight that overloaded it; empty without a fit (rounds at one
     weight, or overloaded at every weight seen)."""
 
