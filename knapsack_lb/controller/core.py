@@ -739,13 +739,16 @@ class VipController:
                         f"relearning from the last {confirmations} rounds" for n in sorted(apart - set(traffic.apart))]
         for name, evidence in latest.items():
             dip = self.dips[name]
-            if traffic is None and self._off_curve(dip) != 0:
+            off = self._off_curve(dip) if traffic is None else 0
+            if off != 0:
                 expected = dip.curve_obj().latency(evidence.weight)
                 dip.evidence = dip.evidence[-confirmations:]
                 seen = f"{evidence.mean * 1e3:.1f}ms" if evidence.n else "no successful probe"
                 reasons.append(f"change: {name} measured {seen} ({evidence.failed:.0%} failed) at weight "
                                f"{evidence.weight:.3f}, its curve said {expected * 1e3:.1f}ms; relearning from the "
                                f"last {confirmations} rounds")
+                if off > 0:
+                    reasons += self._unremedied(name, evidence.weight)
         if self.in_force and self.confirmed_version and latest:
             self.guard.observe(self.confirmed_version, self.in_force, latest)
         lowest = [min((e.mean for e in d.evidence if e.n > 0), default=math.inf) for d in self.dips.values()]
@@ -765,6 +768,14 @@ class VipController:
                 continue
             reasons += self._take_estimate(dip, est, now)
         return reasons
+
+    def _unremedied(self, name: str, weight: float) -> list[str]:
+        """The guard forgets a previous plan that gives ``name`` the weight it was just found slow at
+        (:meth:`PlanGuard.slowed`)."""
+        if not self.guard.slowed(name, weight, self.settings.measurement.trust_tolerance):
+            return []
+        return [f"guard: the plan before gives {name} the weight it slowed at; no plan measured before is "
+                "restored"]
 
     def _apart_from_traffic(self, traffic: TrafficChange, latest: Mapping[str, RoundEvidence]) -> set[str]:
         """The DIPs the traffic test could not judge (their weights moved) whose newest rounds moved
@@ -817,6 +828,7 @@ class VipController:
         reasons = []
         if est.overloaded and not dip.overloaded:
             reasons.append(f"overload: {dip.name} at weight {dip.evidence[-1].weight:.3f}; cap now {cap:.3f}")
+            reasons += self._unremedied(dip.name, dip.evidence[-1].weight)
         dip.overloaded, dip.dispersion = est.overloaded, est.dispersion
         changed_cap = abs(cap - dip.w_max) > PLAN_CHANGE_EPSILON
         dip.curve, dip.model, dip.w_max, dip.l0, dip.fitted_at = est.curve.to_dict(), "utilisation", cap, est.s, now

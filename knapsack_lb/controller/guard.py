@@ -12,7 +12,10 @@ the previous plan's by more than ``z`` combined standard errors and more than ``
 relative, :meth:`PlanGuard.verdict` names the previous plan and the controller restores it. Two
 plans are compared only when they serve the same DIPs: a drain, a failure, a return or a new DIP
 changes the VIP's latency by itself, and restoring the plan from before it would undo the change
-(a returning DIP back at once to its old share, past its slow start).
+(a returning DIP back at once to its old share, past its slow start). Nor across a DIP's own
+slowdown (:meth:`PlanGuard.slowed`): a DIP found slower than its curve, or overloaded, at a weight
+the previous plan gives it too makes the plan in force look worse, and the previous plan would put
+the weight back where it slowed.
 
 How it fails: the two plans are measured at different times, so a traffic change between them
 looks like a worse plan (the rollback then restores a plan that is no better, and the learner,
@@ -112,6 +115,19 @@ class PlanGuard:
         if gap > z * math.sqrt(cur.variance + prev.variance) and cur.mean > (1 + threshold) * prev.mean:
             return prev
         return None
+
+    def slowed(self, name: str, weight: float, tolerance: float) -> bool:
+        """DIP ``name`` was just found slower than its curve, or overloaded, at ``weight``. When the
+        previous plan gives it at least that weight (within ``tolerance``), restoring that plan would
+        put the DIP back where it was found slow: the DIP changed (a noisy neighbour, a lost core), and
+        the previous plan, measured before, looks better for that alone. Forget both plans, as after a
+        traffic change, and say whether there was one to forget. A previous plan that gives the DIP
+        less stays: moving weight off it is what a rollback is for."""
+        prev = self.state.previous
+        if prev is None or prev.weights.get(name, 0.0) < weight * (1 - tolerance):
+            return False
+        self.reset()
+        return True
 
     def forget(self) -> None:
         """After a rollback: judge afresh from the next plan on."""

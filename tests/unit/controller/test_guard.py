@@ -104,3 +104,30 @@ def test_a_dip_back_from_a_drain_ramps_up_even_when_the_drain_measured_worse(loo
     plan = loop.tick(config=vip_config(names))
     assert plan is not None and PlanFlag.ROLLED_BACK not in plan.flags
     assert plan.weights["d"] <= loop.ctl.settings.rails.min_weight + 0.05  # slow start, not its old share
+
+
+def test_a_dip_that_slows_by_itself_is_not_undone_by_the_guard(loop: Loop) -> None:
+    """A DIP loses capacity at the weight it has run at: the plan in force now measures worse than the
+    one before it for that alone, and the older plan gives the DIP the weight it slowed at. Restoring
+    it would undo nothing: the guard forgets both plans and the learner moves weight off the DIP."""
+    for _ in range(20):
+        loop.tick()
+    plan = loop.ctl.plan
+    assert plan is not None
+    slowed = max(plan.weights, key=lambda name: plan.weights[name])
+    # as if the plan in force had just replaced one measured before the change
+    measured = loop.ctl.guard.state.current
+    assert measured is not None and len(measured.values) >= 3
+    loop.ctl.guard.state.previous = PlanRecord(plan.version - 1, dict(plan.weights), list(measured.values),
+                                               list(measured.variances))
+    loop.ctl.guard.state.current = PlanRecord(plan.version, dict(plan.weights))
+    loop.model.set_capacity_factor(slowed, 0.7)
+    reasons: list[str] = []
+    for _ in range(12):
+        new = loop.tick()
+        if new is not None:
+
+            assert PlanFlag.ROLLED_BACK not in new.flags, new.reasons
+            reasons += new.reasons
+    assert any(r.startswith(f"guard: the plan before gives {slowed} the weight it slowed at") for r in reasons), reasons
+    assert loop.ctl.plan is not None and loop.ctl.plan.weights[slowed] < 0.9 * plan.weights[slowed]
