@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from knapsack_lb.sim.claims.knapsack import optimal_split
+from knapsack_lb.sim.claims.knapsack import optimal_plans, optimal_split
 from knapsack_lb.sim.spec import Scenario, load_scenario
 
 
@@ -29,8 +29,21 @@ def test_the_optimum_of_two_mm1_dips_is_the_square_root_split() -> None:
 
 def test_the_optimum_after_an_event_drops_failed_dips_and_follows_the_new_speed_and_load() -> None:
     sc = _two_mm1(0.4)
-    failed = optimal_split(sc, failed=("slow",))
+    failed = optimal_split(sc, failed=frozenset({"slow"}))
     assert "slow" not in failed and failed["fast"] == pytest.approx(1)
-    slowed = optimal_split(sc, slowed=("fast",), speed=0.5)  # both DIPs at one service rate: an equal split
+    slowed = optimal_split(sc, speeds={"fast": 0.5})  # both DIPs at one service rate: an equal split
     assert slowed["slow"] == pytest.approx(0.5, abs=1e-3)
     assert optimal_split(sc, traffic=1.5)["slow"] > optimal_split(sc)["slow"]  # more load: the slow DIP takes more
+
+
+def test_the_optimal_plans_follow_the_events() -> None:
+    sc = _two_mm1(0.4).with_changes(events=[{"at": 10, "kind": "fail", "dips": ["slow"]},
+                                            {"at": 20, "kind": "restart", "dips": ["slow"]},
+                                            {"at": 30, "kind": "capacity", "dips": ["fast"], "speed": 0.5},
+                                            {"at": 40, "kind": "traffic", "factor": 1.5}])
+    plans = optimal_plans(sc)
+    assert [p["time"] for p in plans] == [0.0, 10.0, 20.0, 30.0, 40.0]
+    assert plans[1]["weights"] == {"fast": pytest.approx(1.0)}
+    assert plans[2]["weights"] == pytest.approx(plans[0]["weights"])
+    assert plans[3]["weights"]["slow"] == pytest.approx(0.5, abs=1e-3)
+    assert plans[4]["weights"]["slow"] == pytest.approx(0.5, abs=1e-3)  # still equal DIPs at any load
