@@ -534,16 +534,9 @@ class Simulation:
     def session_population(self) -> int:
         c = self.scenario.clients
         if c.load is not None:
-            mean_service = self._mean_service()
+            mean_service = self.scenario.mean_service()
             return max(1, round(c.load * self._capacity * (c.think_time + mean_service)))
         return c.concurrency
-
-    def _mean_service(self) -> float:
-        groups = self.scenario.dip_groups()
-        speeds = [g.workers * g.speed for g in groups]
-        return sum(
-            (g.service or self.scenario.service).mean / g.speed * s for g, s in zip(groups, speeds, strict=True)
-        ) / sum(speeds)
 
     def _spawn_session(self, _: Any = None) -> None:
         if self.engine.now >= self._stop:
@@ -687,7 +680,7 @@ class Simulation:
                 self.engine.at(self.rng.uniform(0, 0.001), self._closed_issue, w)
         else:
             self._base_sessions = self._target_sessions = self.session_population()
-            spread = sc.clients.think_time + self._mean_service()
+            spread = sc.clients.think_time + self.scenario.mean_service()
             for _ in range(self._base_sessions):
                 self.engine.at(self.rng.uniform(0, spread), self._spawn_session)
         end = sc.duration + self._drain

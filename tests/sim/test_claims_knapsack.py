@@ -5,14 +5,17 @@ from __future__ import annotations
 import math
 
 import pytest
+from scipy.optimize import brentq
 
+from knapsack_lb.lab.fluid import FluidDip, FluidModel
 from knapsack_lb.sim.claims.knapsack import optimal_plans, optimal_split
 from knapsack_lb.sim.spec import Scenario, load_scenario
 
 
-def _two_mm1(load: float) -> Scenario:
+def _two_mm1(load: float, kind: str = "open") -> Scenario:
     return load_scenario("knapsack-dynamics").with_changes(
-        dips=[{"name": "slow", "speed": 1.0}, {"name": "fast", "speed": 2.0}], clients={"load": load}, events=[])
+        dips=[{"name": "slow", "speed": 1.0}, {"name": "fast", "speed": 2.0}], clients={"kind": kind, "load": load},
+        lb={"layer": 4 if kind == "sessions" else 7}, events=[])
 
 
 def test_the_optimum_of_two_mm1_dips_is_the_square_root_split() -> None:
@@ -47,3 +50,22 @@ def test_the_optimal_plans_follow_the_events() -> None:
     assert plans[2]["weights"] == pytest.approx(plans[0]["weights"])
     assert plans[3]["weights"]["slow"] == pytest.approx(0.5, abs=1e-3)
     assert plans[4]["weights"]["slow"] == pytest.approx(0.5, abs=1e-3)  # still equal DIPs at any load
+
+
+def test_sessions_run_at_the_rate_their_closed_loop_allows() -> None:
+    """Layer-4 sessions wait for each answer: the rate r solves r = N / (think + rtt + T(r)), with N the
+    connections and T the optimum's mean latency at r; the split is the open optimum at that rate."""
+    sc = _two_mm1(0.7, kind="sessions")
+    c = sc.clients
+    connections = 0.7 * sc.total_capacity() * (c.think_time + sc.mean_service())
+    dips = [FluidDip("slow", 1, 1 / sc.service.mean), FluidDip("fast", 1, 2 / sc.service.mean)]
+
+    def gap(rate: float) -> float:
+        latency = FluidModel(dips, total_rate=rate).oracle().quality.mean_latency
+        return rate - connections / (c.think_time + sc.network.rtt + latency)
+
+    rate = brentq(gap, 1.0, 0.7 * sc.total_capacity())
+    assert rate < 0.7 * sc.total_capacity()
+    expected = FluidModel(dips, total_rate=rate).oracle().weights
+    assert optimal_split(sc) == pytest.approx(expected, abs=2e-3)  # one step from the bound: close, not exact
+    assert optimal_split(sc)["slow"] < optimal_split(_two_mm1(0.7))["slow"]  # less load than open traffic's

@@ -17,6 +17,7 @@ from knapsack_lb.sim.reproduce import ClaimRow, Experiment, percent_lower, run_m
 from knapsack_lb.sim.simulation import run
 from knapsack_lb.sim.spec import Scenario, load_scenario
 
+_BISECTIONS = 40  # the closed loop's rate to 1e-12 of the pool's capacity
 DOC = "knapsack"
 
 
@@ -115,15 +116,37 @@ def optimal_split(sc: Scenario, failed: frozenset[str] = frozenset(), speeds: Ma
                   traffic: float = 1.0) -> dict[str, float]:
     """The split that minimises the pool's true mean latency: every DIP an M/M/c at its speed (exact for
     exponential service, FCFS or processor sharing), ``failed`` DIPs out, a DIP of ``speeds`` at that
-    factor of its speed, the offered load x ``traffic`` (the fluid model's oracle)."""
+    factor of its speed, the load x ``traffic`` (the fluid model's oracle).
+
+    Open traffic arrives at ``load`` x the pool's capacity. Layer-4 sessions are a closed loop: the
+    ``load`` x capacity x (think time + service) connections each wait for their answer (a round trip
+    and the DIP's latency) before they think again, so the rate is the fixed point of
+    ``rate = connections / (think + rtt + latency(rate))``. It is bisected with the latency of the
+    capacity-proportional split (cheap, and above the optimum's), then moved one step with the
+    optimum's latency at that rate: the rate is slightly low, never beyond the pool."""
     from knapsack_lb.lab.fluid import FluidDip, FluidModel
 
-    if sc.clients.load is None:
+    c = sc.clients
+    if c.load is None:
         raise InvalidInputError("clients.load", None, "the optimum needs the offered load as a share of capacity")
     factor = speeds or {}
     dips = [FluidDip(name, g.workers, g.speed * factor.get(name, 1.0) / (g.service or sc.service).mean)
             for name, g in zip(sc.dip_names(), sc.dip_groups(), strict=True) if name not in failed]
-    return FluidModel(dips, total_rate=sc.clients.load * sc.total_capacity() * traffic).oracle().weights
+    offered = c.load * sc.total_capacity() * traffic
+    if c.kind == "sessions":
+        connections = c.load * sc.total_capacity() * (c.think_time + sc.mean_service()) * traffic
+        capacity = sum(d.capacity for d in dips)
+        split = {d.name: d.capacity / capacity for d in dips}
+
+        def rate_at(latency: float) -> float:
+            return min(offered, connections / (c.think_time + sc.network.rtt + latency))
+
+        low, high = 0.0, min(offered, (1 - 1e-9) * capacity)
+        for _ in range(_BISECTIONS):
+            mid = (low + high) / 2
+            low, high = (mid, high) if mid < rate_at(FluidModel(dips, mid).quality(split).mean_latency) else (low, mid)
+        offered = rate_at(FluidModel(dips, low).oracle().quality.mean_latency)
+    return FluidModel(dips, total_rate=offered).oracle().weights
 
 
 def optimal_plans(sc: Scenario) -> list[dict[str, Any]]:
