@@ -371,8 +371,8 @@ class Scenario(_Frozen):
         """The pool's mean service time (s) at its DIPs' speeds, weighted by their capacity."""
         groups = self.dip_groups()
         speeds = [g.workers * g.speed for g in groups]
-        return sum((g.service or self.service).mean / g.speed * s for g, s in zip(groups, speeds, strict=True)) / sum(
-            speeds)
+        weighted = sum((g.service or self.service).mean / g.speed * s for g, s in zip(groups, speeds, strict=True))
+        return weighted / sum(speeds)
 
     def total_capacity(self) -> float:
         """Requests per second the pool serves at 100% utilisation."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.sim.reproduce import ClaimRow, Experiment, percent_lower, run_many
+from knapsack_lb.sim.metrics import SimResult
 from knapsack_lb.sim.simulation import run
 from knapsack_lb.sim.spec import Scenario, load_scenario
 
@@ -174,7 +175,7 @@ def optimal_plans(sc: Scenario) -> list[dict[str, Any]]:
     return plans
 
 
-def _optimum_run(sc: Scenario, seed: int) -> Any:
+def _optimum_run(sc: Scenario, seed: int) -> SimResult:
     """The scenario under weighted round robin carrying :func:`optimal_plans`, each from its event on."""
     plans = optimal_plans(sc)
     names = sc.dip_names()
@@ -198,6 +199,7 @@ def dynamics(seed: int) -> list[ClaimRow]:
     failed = ["ds3-1", "ds3-2"]
     gone = _group(after, "", failed)
     freed = _group(before, "", failed)
+
     def shift(b: dict[str, float], a: dict[str, float]) -> tuple[float, float]:
         larger = ["ds3-3", "ds3-4", "f8-1", "f8-2"]
         return (_group(a, "ds1") + _group(a, "ds2") - _group(b, "ds1") - _group(b, "ds2"),
