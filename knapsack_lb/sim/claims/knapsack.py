@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from knapsack_lb.errors import InvalidInputError
-from knapsack_lb.sim.reproduce import ClaimRow, Experiment, percent_lower, run_many
 from knapsack_lb.sim.metrics import SimResult
+from knapsack_lb.sim.reproduce import ClaimRow, Experiment, percent_lower, run_many
 from knapsack_lb.sim.simulation import run
 from knapsack_lb.sim.spec import Scenario, load_scenario
 
