@@ -32,20 +32,7 @@ from knapsack_lb.loop import ControlLoop, ExactSink, FunctionSource, TickOutcome
 from knapsack_lb.model import DipConfig, Measurement, VipConfig
 from knapsack_lb.names import validate_name
 from knapsack_lb.rounds import RoundSamples, summarise
-
-
-def erlang_c(servers: int, offered: float) -> float:
-    """Probability that an arrival waits in M/M/c with ``offered`` = lambda/mu erlangs (< servers)."""
-    if offered <= 0:
-        return 0.0
-    if offered >= servers:
-        return 1.0
-    # Erlang B by the stable recursion, then C from B.
-    b = 1.0
-    for k in range(1, servers + 1):
-        b = offered * b / (k + offered * b)
-    rho = offered / servers
-    return b / (1 - rho + rho * b)
+from knapsack_lb.solver.oracle import erlang_c
 
 
 @dataclass

@@ -39,6 +39,7 @@ times; the oracle is a static plan per phase, so least connections can beat it.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import random
@@ -52,12 +53,11 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from knapsack_lb.curves.piecewise import PiecewiseLinearCurve
-from knapsack_lb.lab.fluid import FluidDip, FluidModel, erlang_c
+from knapsack_lb.lab.fluid import FluidDip, FluidModel
 from knapsack_lb.model import PlanFlag, PlanMethod
 from knapsack_lb.sim.metrics import STATUS_CODES
 from knapsack_lb.sim.spec import EventSpec, PolicySpec, Scenario
-from knapsack_lb.solver import DipInput, solve
+from knapsack_lb.solver.oracle import erlang_c, oracle_split
 
 VCPUS = (1, 2, 4, 8, 16)
 SOLVED = frozenset({PlanMethod.EXACT_GREEDY, PlanMethod.EXACT_DP, PlanMethod.EXACT_BISECTION, PlanMethod.ILP,
@@ -255,20 +255,14 @@ def true_latency(vcpus: int, speed: float, mean_service: float, cv2: float, disc
 
 
 def oracle_plan(pool: Pool, after_event: bool = False, points: int = 48) -> dict[str, float]:
-    """The project's exact solver on each live DIP's true curve (mean objective)."""
-    rate = pool.rate(after_event)
-    inputs = []
-    for d in pool.dips:
-        speed = d.speed_in(after_event)
-        if speed <= 0:
-            continue
-        cap = ORACLE_MAX_UTILISATION * d.vcpus * speed / pool.mean_service / rate
-        ws = [cap * (i / (points - 1)) ** 0.7 for i in range(points)]
-        ls = [true_latency(d.vcpus, speed, pool.mean_service, pool.service_cv2, pool.discipline, w * rate)
-              for w in ws]
-        inputs.append(DipInput(d.name, PiecewiseLinearCurve(tuple(ws), tuple(ls)), w_max=cap))
-    weights = solve(inputs, objective="mean", method="exact", units=100_000).weights
-    return {d.name: float(weights.get(d.name, 0.0)) for d in pool.dips}
+    """The project's exact solver on each live DIP's true curve (mean objective; :func:`oracle_split`)."""
+    live = [(d, d.speed_in(after_event)) for d in pool.dips if d.speed_in(after_event) > 0]
+    latency = {d.name: functools.partial(true_latency, d.vcpus, speed, pool.mean_service, pool.service_cv2,
+                                         pool.discipline) for d, speed in live}
+    capacity = {d.name: d.vcpus * speed / pool.mean_service for d, speed in live}
+    split = oracle_split(latency, capacity, pool.rate(after_event), max_utilisation=ORACLE_MAX_UTILISATION,
+                         points=points)
+    return {d.name: split.get(d.name, 0.0) for d in pool.dips}
 
 
 def plan_latency(pool: Pool, weights: Mapping[str, float], after_event: bool = False) -> float:

@@ -9,6 +9,8 @@ reproduction stays within minutes; the commands in the rows run the full-size sc
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +19,7 @@ from knapsack_lb.sim.metrics import SimResult
 from knapsack_lb.sim.reproduce import ClaimRow, Experiment, percent_lower, run_many
 from knapsack_lb.sim.simulation import run
 from knapsack_lb.sim.spec import Scenario, load_scenario
+from knapsack_lb.solver.oracle import mmc_latency, oracle_split
 
 _BISECTIONS = 40  # the closed loop's rate to 1e-12 of the pool's capacity
 DOC = "knapsack"
@@ -117,37 +120,41 @@ def optimal_split(sc: Scenario, failed: frozenset[str] = frozenset(), speeds: Ma
                   traffic: float = 1.0) -> dict[str, float]:
     """The split that minimises the pool's true mean latency: every DIP an M/M/c at its speed (exact for
     exponential service, FCFS or processor sharing), ``failed`` DIPs out, a DIP of ``speeds`` at that
-    factor of its speed, the load x ``traffic`` (the fluid model's oracle).
+    factor of its speed, the load x ``traffic`` (:func:`~knapsack_lb.solver.oracle.oracle_split`).
 
     Open traffic arrives at ``load`` x the pool's capacity. Layer-4 sessions are a closed loop: the
     ``load`` x capacity x (think time + service) connections each wait for their answer (a round trip
     and the DIP's latency) before they think again, so the rate is the fixed point of
     ``rate = connections / (think + rtt + latency(rate))``. It is bisected with the latency of the
-    capacity-proportional split (cheap, and above the optimum's), then moved one step with the
-    optimum's latency at that rate: the rate is slightly low, never beyond the pool."""
-    from knapsack_lb.lab.fluid import FluidDip, FluidModel
-
+    capacity-proportional split (above the optimum's), then moved one step with the optimum's
+    latency at that rate: the rate is slightly low, never beyond the pool."""
     c = sc.clients
     if c.load is None:
         raise InvalidInputError("clients.load", None, "the optimum needs the offered load as a share of capacity")
     factor = speeds or {}
-    dips = [FluidDip(name, g.workers, g.speed * factor.get(name, 1.0) / (g.service or sc.service).mean)
-            for name, g in zip(sc.dip_names(), sc.dip_groups(), strict=True) if name not in failed]
+    servers = {name: (g.workers, g.speed * factor.get(name, 1.0) / (g.service or sc.service).mean)
+               for name, g in zip(sc.dip_names(), sc.dip_groups(), strict=True) if name not in failed}
+    latency = {name: functools.partial(mmc_latency, n, mu) for name, (n, mu) in servers.items()}
+    capacity = {name: n * mu for name, (n, mu) in servers.items()}
+
+    def mean_latency(split: Mapping[str, float], rate: float) -> float:
+        return math.fsum(w * latency[name](w * rate) for name, w in split.items() if w > 0)
+
     offered = c.load * sc.total_capacity() * traffic
     if c.kind == "sessions":
         connections = c.load * sc.total_capacity() * (c.think_time + sc.mean_service()) * traffic
-        capacity = sum(d.capacity for d in dips)
-        split = {d.name: d.capacity / capacity for d in dips}
+        total = sum(capacity.values())
+        proportional = {name: cap / total for name, cap in capacity.items()}
 
         def rate_at(latency: float) -> float:
             return min(offered, connections / (c.think_time + sc.network.rtt + latency))
 
-        low, high = 0.0, min(offered, (1 - 1e-9) * capacity)
+        low, high = 0.0, min(offered, (1 - 1e-9) * total)
         for _ in range(_BISECTIONS):
             mid = (low + high) / 2
-            low, high = (mid, high) if mid < rate_at(FluidModel(dips, mid).quality(split).mean_latency) else (low, mid)
-        offered = rate_at(FluidModel(dips, low).oracle().quality.mean_latency)
-    return FluidModel(dips, total_rate=offered).oracle().weights
+            low, high = (mid, high) if mid < rate_at(mean_latency(proportional, mid)) else (low, mid)
+        offered = rate_at(mean_latency(oracle_split(latency, capacity, low), low))
+    return oracle_split(latency, capacity, offered)
 
 
 def optimal_plans(sc: Scenario) -> list[dict[str, Any]]:
