@@ -146,8 +146,8 @@ def optimal_split(sc: Scenario, failed: frozenset[str] = frozenset(), speeds: Ma
         total = sum(capacity.values())
         proportional = {name: cap / total for name, cap in capacity.items()}
 
-        def rate_at(latency: float) -> float:
-            return min(offered, connections / (c.think_time + sc.network.rtt + latency))
+        def rate_at(waited: float) -> float:  # the rate when each answer takes ``waited`` s at the DIP
+            return min(offered, connections / (c.think_time + sc.network.rtt + waited))
 
         low, high = 0.0, min(offered, (1 - 1e-9) * total)
         for _ in range(_BISECTIONS):
