@@ -32,7 +32,7 @@ from knapsack_lb.loop import ControlLoop, ExactSink, FunctionSource, TickOutcome
 from knapsack_lb.model import DipConfig, Measurement, VipConfig
 from knapsack_lb.names import validate_name
 from knapsack_lb.rounds import RoundSamples, summarise
-from knapsack_lb.solver.oracle import erlang_c
+from knapsack_lb.solver.oracle import erlang_c, mmc_latency
 
 
 @dataclass
@@ -73,9 +73,7 @@ class FluidDip:
         """Mean sojourn time (s) at arrival ``rate``; ``inf`` at or beyond capacity."""
         if rate >= self.capacity:
             return math.inf
-        mu = self.rate_per_server
-        wait_prob, theta = self._wait(rate)
-        return 1 / mu + (wait_prob / theta if wait_prob > 0 else 0.0)
+        return mmc_latency(self.servers, self.rate_per_server, rate)
 
     def exceed(self, rate: float, t: float) -> float:
         """P(sojourn > t) at arrival ``rate`` (1 when overloaded)."""
