@@ -126,7 +126,6 @@ def test_a_dip_that_slows_by_itself_is_not_undone_by_the_guard(loop: Loop) -> No
     for _ in range(12):
         new = loop.tick()
         if new is not None:
-
             assert PlanFlag.ROLLED_BACK not in new.flags, new.reasons
             reasons += new.reasons
     assert any(r.startswith(f"guard: the plan before gives {slowed} the weight it slowed at") for r in reasons), reasons
