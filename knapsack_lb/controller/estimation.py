@@ -9,9 +9,11 @@ curve per DIP, solved for the weights that minimise latency (section 4.4) - and 
 curve is learned:
 
 * **Every round is evidence, with its own error.** A round at the weight the LB confirmed carries
-  its mean and its standard error from its own spread (:func:`round_evidence`); rounds at the same
-  weight are pooled exactly (:func:`pooled`: the mean and the standard error of all their requests
-  together). A round judged on its own (the change test) counts at least the DIP's spread of one
+  its mean and its standard error from its own spread (:func:`round_evidence`); rounds taken under
+  the same weight are pooled exactly (:func:`pooled`: the mean and the standard error of all their
+  requests together), at their mean share where the LB counted one (:func:`by_weight`: grouped by
+  the noisy share itself, the rounds' scatter along the weight axis dilutes the fitted slope and
+  the saturation comes out high). A round judged on its own (the change test) counts at least the DIP's spread of one
   probe pooled over its rounds (:func:`probe_spread`): a few probes' own spread is low exactly
   when they missed the slow tail. Where rounds at one weight vary more than their
   probes say (probes sent back to back see one state of the queue; at layer 4 the load moves with
@@ -85,7 +87,9 @@ RELAXED_LEVELS = (0.75, 0.5, 0.25)
 @dataclass(frozen=True)
 class RoundEvidence:
     """One trusted round as evidence: ``n`` successful probes with this mean and standard deviation at
-    ``weight``; ``failed`` is the share of probes that failed."""
+    ``weight``; ``failed`` is the share of probes that failed. ``configured`` is the weight the LB
+    carried for the DIP during the round, when ``weight`` is the share it was measured to carry
+    (NaN when they are one)."""
 
     time: float
     weight: float
@@ -93,6 +97,12 @@ class RoundEvidence:
     std: float
     n: int
     failed: float
+    configured: float = math.nan
+
+    @property
+    def setting(self) -> float:
+        """The weight the round was taken under: ``configured``, else ``weight``."""
+        return self.configured if math.isfinite(self.configured) else self.weight
 
 
 def round_evidence(m: Measurement, weight: float) -> RoundEvidence | None:
@@ -107,13 +117,14 @@ def round_evidence(m: Measurement, weight: float) -> RoundEvidence | None:
     pessimistic common case - so a thin round weighs little."""
     if m.sent == 0:
         return None
+    configured = weight if m.share is not None else math.nan
     weight = m.share if m.share is not None else weight
     failed = m.failures / m.sent
     if m.successes == 0 or m.latency_mean is None or not math.isfinite(m.latency_mean) or m.latency_mean <= 0:
-        return RoundEvidence(m.time, weight, math.inf, math.inf, 0, failed)
+        return RoundEvidence(m.time, weight, math.inf, math.inf, 0, failed, configured)
     std = m.latency_std if m.latency_std is not None and m.successes >= 2 and math.isfinite(m.latency_std) \
         else m.latency_mean
-    return RoundEvidence(m.time, weight, m.latency_mean, max(std, 0.0), m.successes, failed)
+    return RoundEvidence(m.time, weight, m.latency_mean, max(std, 0.0), m.successes, failed, configured)
 
 
 @dataclass(frozen=True)
@@ -214,10 +225,11 @@ def unloaded_latency(pool: float | None, light: float) -> float | None:
 
 
 def by_weight(rounds: Sequence[RoundEvidence], tolerance: float) -> list[Pooled]:
-    """Rounds grouped by weight (:func:`same_weight` as the group's first) and pooled."""
+    """Rounds grouped by the weight they were taken under (:attr:`RoundEvidence.setting`,
+    :func:`same_weight` as the group's first) and pooled, each group at its rounds' mean share."""
     groups: list[list[RoundEvidence]] = []
-    for r in sorted((r for r in rounds if r.n > 0 and math.isfinite(r.mean)), key=lambda r: r.weight):
-        if groups and same_weight(r.weight, groups[-1][0].weight, tolerance):
+    for r in sorted((r for r in rounds if r.n > 0 and math.isfinite(r.mean)), key=lambda r: r.setting):
+        if groups and same_weight(r.setting, groups[-1][0].setting, tolerance):
             groups[-1].append(r)
         else:
             groups.append([r])

@@ -240,4 +240,4 @@ def shifted(rounds: Sequence[RoundEvidence], k: float, keep: int) -> list[RoundE
     """``rounds`` after a traffic change by ``k``: all but the newest ``keep`` (taken under the new
     traffic) moved to the weight that carries their load now."""
     cut = max(0, len(rounds) - keep)
-    return [replace(r, weight=r.weight * k) for r in rounds[:cut]] + list(rounds[cut:])
+    return [replace(r, weight=r.weight * k, configured=r.configured * k) for r in rounds[:cut]] + list(rounds[cut:])

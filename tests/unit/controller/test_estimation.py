@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from dataclasses import replace
 
 import pytest
 
@@ -76,6 +77,23 @@ def test_pooled_rounds_equal_one_round_of_all_their_requests() -> None:
 def test_rounds_group_by_weight_within_the_tolerance() -> None:
     bins = by_weight([_round(0, 0.200, 0.01), _round(1, 0.203, 0.012), _round(2, 0.3, 0.02)], 0.02)
     assert [b.rounds for b in bins] == [2, 1]
+
+
+def test_rounds_group_by_the_weight_they_were_taken_under_at_their_mean_share() -> None:
+    """The share the LB counted over a round is noisy (a few hundred requests or a few connections);
+    grouped by that noise, the rounds' spread in weight dilutes the curve's slope and its saturation
+    comes out high. Grouped by the weight the LB carried, each group stands at its rounds' mean share:
+    an M/M/1 DIP's saturation is exact from rounds whose shares scatter +-30 % around two weights."""
+    s, c = 0.010, 0.5
+    rounds = [RoundEvidence(float(i), w * (1 + jitter), s / (1 - w / c), 1e-4 * s * 20, 400, 0.0, configured=w)
+              for i, (w, jitter) in enumerate((w, j) for w in (0.1, 0.3) for j in (-0.3, 0.0, 0.3))]
+    bins = by_weight(rounds, 0.02)
+    assert [b.rounds for b in bins] == [3, 3]
+    assert [b.weight for b in bins] == pytest.approx([0.1, 0.3])
+    grouped = estimate(rounds, None, **KW)
+    assert grouped is not None and grouped.saturation == pytest.approx(c, rel=1e-3)
+    scattered = estimate([replace(r, configured=math.nan) for r in rounds], None, **KW)
+    assert scattered is not None and scattered.saturation > 1.1 * c
 
 
 @pytest.mark.parametrize(("w1", "w2"), [(0.1, 0.4), (0.05, 0.25)])
