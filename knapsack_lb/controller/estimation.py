@@ -13,9 +13,9 @@ curve is learned:
   the same weight are pooled exactly (:func:`pooled`: the mean and the standard error of all their
   requests together), at their mean share where the LB counted one (:func:`by_weight`: grouped by
   the noisy share itself, the rounds' scatter along the weight axis dilutes the fitted slope and
-  the saturation comes out high). A round judged on its own (the change test) counts at least the DIP's spread of one
-  probe pooled over its rounds (:func:`probe_spread`): a few probes' own spread is low exactly
-  when they missed the slow tail. Where rounds at one weight vary more than their
+  the saturation comes out high). A round judged on its own (the change test) counts at least the
+  DIP's spread of one probe pooled over its rounds (:func:`probe_spread`): a few probes' own
+  spread is low exactly when they missed the slow tail. Where rounds at one weight vary more than their
   probes say (probes sent back to back see one state of the queue; at layer 4 the load moves with
   the connections), that spread between rounds is estimated for the pool
   (:func:`between_round_spread`) and counted by every decision.

@@ -85,8 +85,9 @@ def test_rounds_group_by_the_weight_they_were_taken_under_at_their_mean_share() 
     comes out high. Grouped by the weight the LB carried, each group stands at its rounds' mean share:
     an M/M/1 DIP's saturation is exact from rounds whose shares scatter +-30 % around two weights."""
     s, c = 0.010, 0.5
-    rounds = [RoundEvidence(float(i), w * (1 + jitter), s / (1 - w / c), 1e-4 * s * 20, 400, 0.0, configured=w)
-              for i, (w, jitter) in enumerate((w, j) for w in (0.1, 0.3) for j in (-0.3, 0.0, 0.3))]
+    taken = [(w, jitter) for w in (0.1, 0.3) for jitter in (-0.3, 0.0, 0.3)]
+    rounds = [replace(_round(i, w * (1 + jitter), s / (1 - w / c), cv=1e-4), configured=w)
+              for i, (w, jitter) in enumerate(taken)]
     bins = by_weight(rounds, 0.02)
     assert [b.rounds for b in bins] == [3, 3]
     assert [b.weight for b in bins] == pytest.approx([0.1, 0.3])
