@@ -244,8 +244,9 @@ def _f_median(freedom: float) -> float:
 
 def between_round_spread(dips: Iterable[Sequence[RoundEvidence]], tolerance: float, z: float) -> float:
     """How much a round's mean varies beyond what its own probes say, as a relative standard
-    deviation (``tau``), from pairs of consecutive rounds one DIP took at the same weight, pooled over
-    the DIPs (one probing method, one kind of load).
+    deviation (``tau``), from pairs of consecutive rounds one DIP took under the same weight
+    (:attr:`RoundEvidence.setting`: at layer 4 the share the LB counted differs every round, and that
+    difference is part of the spread), pooled over the DIPs (one probing method, one kind of load).
 
     A round whose probes are sent back to back sees one state of the DIP's queue (the probe worker
     spreads them over the round, but another prober may not); at layer 4 the load a DIP carries
@@ -265,13 +266,13 @@ def between_round_spread(dips: Iterable[Sequence[RoundEvidence]], tolerance: flo
     ``MIN_SPREAD_PAIRS`` pairs, and unless more pairs lie above that median than chance allows at
     ``z`` (a sign test): the estimate's own noise is no spread, and where rounds agree with their
     probes (the fluid model) it must not move a decision."""
-    rows = [(dip, r.weight, r.mean, r.std, r.n) for dip, rounds in enumerate(dips) for r in rounds
+    rows = [(dip, r.setting, r.mean, r.std, r.n) for dip, rounds in enumerate(dips) for r in rounds
             if r.n >= 2 and 0 < r.mean < math.inf]
     if len(rows) < 2:
         return 0.0
     dip, weight, mean, std, n = np.array(rows, dtype=float).T
     # a round's own variance of its log-mean, never below the model's error; pairs are consecutive
-    # rounds of one DIP at the same weight
+    # rounds of one DIP under the same weight
     variance = np.maximum((std / mean) ** 2 / n, MODEL_ERROR ** 2)
     pair = (dip[1:] == dip[:-1]) & same_weights(weight[1:], weight[:-1], tolerance)
     if np.count_nonzero(pair) < MIN_SPREAD_PAIRS:

@@ -226,12 +226,12 @@ class DipMeasurement:
     def _confirm(self, evidence: RoundEvidence | None, latency: float | None, dropped: bool,
                  settings: ControllerSettings) -> tuple[float | None, bool]:
         """The round after an unproven drop, at its weight: the two rounds pooled decide (their mean
-        against the drop level, on twice the probes); failed probes, or a round at another weight, decide
-        alone."""
+        against the drop level, on twice the probes); failed probes, or a round under another weight
+        (:attr:`~knapsack_lb.controller.estimation.RoundEvidence.setting`), decide alone."""
         earlier, self.unconfirmed = self.unconfirmed, None
         m = settings.measurement
         if earlier is None or evidence is None or evidence.n == 0 or evidence.failed > m.drop_failure_share \
-                or not same_weight(evidence.weight, earlier.weight, m.trust_tolerance) or self.l0 is None:
+                or not same_weight(evidence.setting, earlier.setting, m.trust_tolerance) or self.l0 is None:
             return latency, dropped
         both = pooled([earlier, evidence])
         return both.mean, both.mean >= m.drop_latency_factor * self.l0

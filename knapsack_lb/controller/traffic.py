@@ -5,8 +5,10 @@ when the weights are unchanged" and shifts every curve by one factor. The learne
 every round while it learns, and a curve that has just moved is pessimistic at the new weights, so
 a test of the rounds against the curves reads the learner's own transient as falling traffic. This
 test compares rounds with rounds instead: a DIP is judged only when its newest ``confirmations``
-rounds were taken at the weight of earlier rounds (within ``tolerance``), which a learner moving
-its weights rarely gives and a traffic change always does (the split holds, the latency moves).
+rounds were taken under the weight of earlier rounds (within ``tolerance``; the weight the LB
+carried, not the share it counted, which at layer 4 moves every round with the connections), which a
+learner moving its weights rarely gives and a traffic change always does (the split holds, the
+latency moves; the curve explains what the rounds' shares differ by).
 
 Each of a judged DIP's newest rounds gives a latency ratio against its pooled earlier rounds at that
 weight, with a standard error from both. A traffic change is called when at least ``MIN_JUDGED``
@@ -123,16 +125,16 @@ def _log_ratio(after: Pooled, before: Pooled) -> tuple[float, float]:
 def _judge(rounds: Sequence[RoundEvidence], curve: LatencyCurve, confirmations: int, tolerance: float,
            since: float) -> _Verdict | None:
     """One DIP's newest ``confirmations`` rounds against its earlier rounds (taken since ``since``)
-    at their weight, less what the curve says the weights' own difference explains; None when the
-    newest did not hold an earlier weight."""
+    under their weight (:attr:`RoundEvidence.setting`), less what the curve says the difference of the
+    shares they carried explains; None when the newest did not hold an earlier weight."""
     rounds = [r for r in rounds if r.time >= since]
     recent, earlier = rounds[-confirmations:], rounds[:-confirmations]
     if len(recent) < confirmations or not all(_usable(r) for r in recent):
         return None
-    weight = recent[-1].weight
-    if weight <= 0 or not all(same_weight(r.weight, weight, tolerance) for r in recent):
+    setting = recent[-1].setting
+    if setting <= 0 or not all(same_weight(r.setting, setting, tolerance) for r in recent):
         return None
-    same = [r for r in earlier if _usable(r) and same_weight(r.weight, weight, tolerance)]
+    same = [r for r in earlier if _usable(r) and same_weight(r.setting, setting, tolerance)]
     if not same:
         return None
     before = pooled(same)

@@ -227,6 +227,17 @@ def test_rounds_that_agree_within_their_own_noise_have_no_spread_between_them() 
     assert between_round_spread([apart], 0.1, Z) == 0.0  # rounds at different weights are no pairs
 
 
+def test_the_spread_between_rounds_pairs_rounds_under_one_configured_weight() -> None:
+    """Rounds under one weight whose counted shares alternate 20 % below and above it are pairs; by
+    their shares, none."""
+    rng = random.Random(13)
+    dips = [[replace(r, weight=r.weight * (0.8 if i % 2 else 1.2), configured=r.weight)
+             for i, r in enumerate(_clustered_rounds(rng, 0.5, 40))] for _ in range(6)]
+    assert between_round_spread(dips, 0.02, Z) == pytest.approx(0.5, rel=0.25)
+    by_share = [[replace(r, configured=math.nan) for r in d] for d in dips]
+    assert between_round_spread(by_share, 0.02, Z) == 0.0
+
+
 def test_a_dips_one_change_is_not_spread() -> None:
     """A level shift is one pair of a DIP's rounds, not noise: the median over pairs ignores it."""
     rng = random.Random(8)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -84,6 +85,17 @@ def test_a_drop_a_few_probes_do_not_prove_is_measured_again_and_the_pooled_round
     assert m.target == 0.3 and m.w_max == pytest.approx(0.1) and m.unconfirmed is not None
     m.record(0.3, _thin(0.030, 0.030), s, 0.1, 3.0, scheduled=True)
     assert m.unconfirmed is None and m.w_max == pytest.approx(0.3) and not m.last_dropped
+    assert (0.3, pytest.approx(0.0425), False) in m.points
+
+
+def test_the_round_after_an_unproven_drop_is_pooled_under_the_weight_the_lb_carried() -> None:
+    """At layer 4 the share the LB counted moves round to round (0.24, then 0.36, under weight 0.3):
+    the second round is the same weight measured again, not another weight deciding alone."""
+    s, l0 = ControllerSettings(), 0.010
+    m = _walked_to(0.3, l0)
+    m.record(0.3, replace(_thin(0.055, 0.055), share=0.24), s, 0.1, 2.0, scheduled=True)
+    m.record(0.3, replace(_thin(0.030, 0.030), share=0.36), s, 0.1, 3.0, scheduled=True)
+    assert m.unconfirmed is None and not m.last_dropped
     assert (0.3, pytest.approx(0.0425), False) in m.points
 
 

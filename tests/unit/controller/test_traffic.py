@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -94,6 +95,23 @@ def test_a_dip_that_moved_against_the_pool_is_set_apart() -> None:
     rounds["e"] = _rounds(_traffic(35, 0.6), {"e": WEIGHTS["e"]})["e"]  # more capacity, at the same time
     found = traffic_change(rounds, CURVES, **SETTINGS)
     assert found is not None and found.apart == ("e",) and found.moved == 4
+
+
+def test_rounds_are_compared_under_the_weight_the_lb_carried_not_their_noisy_share() -> None:
+    """At layer 4 the share a DIP carried over a round scatters around its configured weight; rounds
+    under one weight are compared, the curve explaining what their shares' difference explains."""
+    rng = random.Random(3)
+    rounds = {}
+    for name, w in WEIGHTS.items():
+        curve, _ = CURVES[name]
+        rounds[name] = []
+        for t, rate in sorted(_traffic(35, 1.2).items()):
+            share = w * rng.uniform(0.8, 1.2)
+            rounds[name].append(RoundEvidence(t, share, S / (1 - rate * share / curve.c), 0.01 * S, 100, 0.0, w))
+    found = traffic_change(rounds, CURVES, **SETTINGS)
+    assert found is not None and found.k == pytest.approx(1 / 1.2, rel=0.02) and found.judged == 5
+    by_share = {n: [replace(r, configured=math.nan) for r in rs] for n, rs in rounds.items()}
+    assert traffic_change(by_share, CURVES, **SETTINGS) is None  # no two shares within the tolerance
 
 
 def test_rounds_before_the_last_change_are_not_compared_again() -> None:
