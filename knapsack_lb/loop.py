@@ -39,7 +39,6 @@ VIP on its next tick); a sink that cannot be read is not a drift.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
@@ -112,41 +111,78 @@ class Sink(Protocol):
     # optional: ``async def traffic(self) -> Traffic | None`` - what the LB counted per DIP so far
 
 
+READS_KEPT = 4  # counter reads a round's share may span: the newest and the three before it
+
+
 @dataclass
 class ShareMeter:
-    """Each DIP's share of the VIP's traffic between two reads of the LB's counters."""
+    """Each DIP's share of the VIP's traffic between reads of the LB's counters (one read a tick)."""
 
-    last: Traffic | None = None
-    last_at: float = -math.inf
+    reads: list[tuple[float, Traffic]] = field(default_factory=list)  # the newest ``READS_KEPT``, oldest first
     rate: float | None = None  # the VIP's requests per second between the last two reads (counters of requests)
     seconds: float = 0.0  # ... over this long
 
     def update(self, traffic: Traffic | None, now: float) -> tuple[dict[str, float], float] | None:
-        """The shares since the previous read and when that read was, or ``None`` when they are not
-        known: no previous read of the same kind, nothing counted, or a counter that went down (the
-        LB restarted its counting). Sets :attr:`rate` when the LB counts requests, else clears it."""
-        previous, since = self.last, self.last_at
-        self.last, self.last_at, self.rate = traffic, now, None
-        if traffic is None or previous is None or previous.kind != traffic.kind:
+        """Take the read at ``now``: the shares since the previous read and when that read was, or
+        ``None`` when they are not known (:meth:`shares_since`). Sets :attr:`rate` when the LB counts
+        requests, else clears it. A missing read, or a counter of another kind, starts the history
+        again."""
+        self.rate = None
+        if traffic is None or (self.reads and self.reads[-1][1].kind != traffic.kind):
+            self.reads = []
+        if traffic is None:
             return None
-        deltas = {n: c - previous.counters.get(n, 0.0) for n, c in traffic.counters.items()}
-        total = sum(deltas.values())
-        if total <= 0 or any(d < 0 for d in deltas.values()):
+        self.reads = [*self.reads, (now, traffic)][-READS_KEPT:]
+        counted = self._counted_since(now)
+        if counted is None:
             return None
+        deltas, since = counted
         if traffic.kind == "requests" and now > since:
-            self.rate, self.seconds = total / (now - since), now - since
-        return {n: d / total for n, d in deltas.items()}, since
+            self.rate, self.seconds = sum(deltas.values()) / (now - since), now - since
+        return _shares(deltas), since
+
+    def shares_since(self, start: float) -> tuple[dict[str, float], float] | None:
+        """The shares over the counters' window that holds ``start`` and ends at the newest read:
+        from the newest earlier read taken before ``start``, and when that read was. ``None`` when no
+        kept read is that old, nothing was counted, or a counter went down (the LB restarted its
+        counting).
+
+        A probe round is stamped with the time it started and is read at the first tick after it
+        ended: its requests fall between two consecutive reads only when it ran within one tick, so
+        a round that started before the previous read takes the share over both windows."""
+        counted = self._counted_since(start)
+        return None if counted is None else (_shares(counted[0]), counted[1])
+
+    def _counted_since(self, start: float) -> tuple[dict[str, float], float] | None:
+        newest = self.reads[-1][1] if self.reads else None
+        base = next(((t, c) for t, c in reversed(self.reads[:-1]) if t < start), None)
+        if newest is None or base is None:
+            return None
+        deltas = {n: c - base[1].counters.get(n, 0.0) for n, c in newest.counters.items()}
+        if sum(deltas.values()) <= 0 or any(d < 0 for d in deltas.values()):
+            return None
+        return deltas, base[0]
 
     def reading(self, now: float) -> RateReading | None:
         """The VIP's request rate read at ``now``, when the counters were read then and count requests."""
-        return RateReading(now, self.rate, self.seconds) if self.rate is not None and self.last_at == now else None
+        return RateReading(now, self.rate, self.seconds) if self.rate is not None and self.reads[-1][0] == now \
+            else None
 
 
-def with_shares(rounds: Mapping[str, Measurement], shares: Mapping[str, float], since: float,
-                ) -> dict[str, Measurement]:
-    """``rounds`` taken after ``since`` stamped with their DIP's share (unless the prober already did)."""
-    return {n: replace(m, share=min(1.0, max(0.0, shares[n])))
-            if m.share is None and n in shares and m.time > since else m for n, m in rounds.items()}
+def _shares(deltas: Mapping[str, float]) -> dict[str, float]:
+    total = sum(deltas.values())
+    return {n: d / total for n, d in deltas.items()}
+
+
+def with_shares(rounds: Mapping[str, Measurement], meter: ShareMeter) -> dict[str, Measurement]:
+    """``rounds`` stamped with their DIP's share over the counters' window that holds them
+    (:meth:`ShareMeter.shares_since`), unless the prober already did."""
+    out = {}
+    for name, m in rounds.items():
+        known = meter.shares_since(m.time) if m.share is None else None
+        out[name] = replace(m, share=min(1.0, max(0.0, known[0][name]))) \
+            if known is not None and name in known[0] else m
+    return out
 
 
 class StateSink(Protocol):
@@ -292,8 +328,8 @@ class ControlLoop:
         traffic = getattr(sink, "traffic", None)
         if not callable(traffic):
             return rounds
-        known = self._shares.update(await traffic(), now)
-        return rounds if known is None else with_shares(rounds, *known)
+        self._shares.update(await traffic(), now)
+        return with_shares(rounds, self._shares)
 
     async def _push(self, sink: Sink, outcome: TickOutcome) -> None:
         ctl = self.controller

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
+from dataclasses import replace
 
 import pytest
 
@@ -21,6 +22,7 @@ from knapsack_lb.loop import (
     fixed,
     run_now,
     split_distance,
+    with_shares,
 )
 from knapsack_lb.model import Measurement, Traffic, VipConfig, WeightPlan
 from knapsack_lb.quantise import QUANTISERS
@@ -341,6 +343,22 @@ def test_the_share_meter_takes_differences_and_refuses_resets_and_kind_changes()
     assert meter.update(Traffic("bytes", {"a": 900, "b": 100}), 20.0) is None  # another kind of counter
     assert meter.update(Traffic("bytes", {"a": 900, "b": 100}), 25.0) is None  # nothing served
     assert meter.update(None, 30.0) is None
+
+
+def test_a_round_that_started_before_the_previous_read_takes_the_share_over_both_windows() -> None:
+    """A live probe round is stamped with its start and read after it ended: with rounds as long as
+    the tick, it started before the previous read, and its share spans that read's window and the
+    newest. Only reads the meter still keeps count; a round from before them has no share."""
+    meter = ShareMeter()
+    for now, a in ((-2.0, 0), (0.0, 0), (2.0, 100), (4.0, 400), (6.0, 500)):
+        meter.update(Traffic("bytes", {"a": a, "b": 100 + now * 50}), now)
+    # reads kept: 0 s (a 0, b 100), 2 s (a 100, b 200), 4 s (a 400, b 300), 6 s (a 500, b 400)
+    m = Measurement("v", "a", 3.1, 0.5, 5, 5, 0, 0, 0.01, 0.01, 0.01, 0.01, None, "w")
+    stamped = with_shares({"a": m}, meter)["a"]
+    assert stamped.share == pytest.approx(400 / 600)  # from the read at 2 s to the newest, at 6 s
+    assert with_shares({"a": replace(m, time=5.0)}, meter)["a"].share == pytest.approx(0.5)  # within the last tick
+    assert with_shares({"a": replace(m, time=-1.0)}, meter)["a"].share is None  # older than every kept read
+    assert with_shares({"a": replace(m, share=0.2)}, meter)["a"].share == 0.2  # the prober's own share stands
 
 
 async def test_rounds_are_placed_at_the_share_the_lb_counted() -> None:
