@@ -122,46 +122,31 @@ class ShareMeter:
     rate: float | None = None  # the VIP's requests per second between the last two reads (counters of requests)
     seconds: float = 0.0  # ... over this long
 
-    def update(self, traffic: Traffic | None, now: float) -> tuple[dict[str, float], float] | None:
-        """Take the read at ``now``: the shares since the previous read and when that read was, or
-        ``None`` when they are not known (:meth:`shares_since`). Sets :attr:`rate` when the LB counts
-        requests, else clears it. A missing read, or a counter of another kind, starts the history
-        again."""
+    def update(self, traffic: Traffic | None, now: float) -> None:
+        """Take the read at ``now``. Sets :attr:`rate` when the LB counts requests and the read before
+        it counts them too (:meth:`windows`), else clears it. A missing read, or a counter of another
+        kind, starts the history again."""
         self.rate = None
         if traffic is None or (self.reads and self.reads[-1][1].kind != traffic.kind):
             self.reads = []
         if traffic is None:
-            return None
+            return
         self.reads = [*self.reads, (now, traffic)][-READS_KEPT:]
-        counted = self._counted_since(now)
-        if counted is None:
-            return None
-        deltas, since = counted
-        if traffic.kind == "requests" and now > since:
-            self.rate, self.seconds = sum(deltas.values()) / (now - since), now - since
-        return _shares(deltas), since
+        if traffic.kind == "requests" and len(self.reads) > 1:
+            since, previous = self.reads[-2]
+            counted = _counted(previous, traffic)
+            if counted is not None and now > since:
+                self.rate, self.seconds = sum(counted.values()) / (now - since), now - since
 
-    def shares_since(self, start: float) -> tuple[dict[str, float], float] | None:
-        """The shares over the counters' window that holds ``start`` and ends at the newest read:
-        from the newest earlier read taken before ``start``, and when that read was. ``None`` when no
-        kept read is that old, nothing was counted, or a counter went down (the LB restarted its
-        counting).
-
-        A probe round is stamped with the time it started and is read at the first tick after it
-        ended: its requests fall between two consecutive reads only when it ran within one tick, so
-        a round that started before the previous read takes the share over both windows."""
-        counted = self._counted_since(start)
-        return None if counted is None else (_shares(counted[0]), counted[1])
-
-    def _counted_since(self, start: float) -> tuple[dict[str, float], float] | None:
-        newest = self.reads[-1][1] if self.reads else None
-        base = next(((t, c) for t, c in reversed(self.reads[:-1]) if t < start), None)
-        if newest is None or base is None:
-            return None
-        deltas = {n: c - base[1].counters.get(n, 0.0) for n, c in newest.counters.items()}
-        if sum(deltas.values()) <= 0 or any(d < 0 for d in deltas.values()):
-            return None
-        return deltas, base[0]
+    def windows(self) -> list[tuple[float, dict[str, float] | None]]:
+        """For each kept read before the newest, newest first: when it was taken, and each DIP's share
+        of what the LB counted from it to the newest read (None: nothing counted, or a counter went
+        down - the LB restarted its counting)."""
+        if not self.reads:
+            return []
+        newest = self.reads[-1][1]
+        return [(t, None if (counted := _counted(base, newest)) is None else _shares(counted))
+                for t, base in reversed(self.reads[:-1])]
 
     def reading(self, now: float) -> RateReading | None:
         """The VIP's request rate read at ``now``, when the counters were read then and count requests."""
@@ -169,19 +154,30 @@ class ShareMeter:
             else None
 
 
-def _shares(deltas: Mapping[str, float]) -> dict[str, float]:
-    total = sum(deltas.values())
-    return {n: d / total for n, d in deltas.items()}
+def _counted(base: Traffic, newest: Traffic) -> dict[str, float] | None:
+    """What the LB counted per DIP from ``base`` to ``newest``; None when nothing was, or a counter went down."""
+    deltas = {n: c - base.counters.get(n, 0.0) for n, c in newest.counters.items()}
+    return None if sum(deltas.values()) <= 0 or any(d < 0 for d in deltas.values()) else deltas
+
+
+def _shares(counted: Mapping[str, float]) -> dict[str, float]:
+    total = sum(counted.values())
+    return {n: d / total for n, d in counted.items()}
 
 
 def with_shares(rounds: Mapping[str, Measurement], meter: ShareMeter) -> dict[str, Measurement]:
-    """``rounds`` stamped with their DIP's share over the counters' window that holds them
-    (:meth:`ShareMeter.shares_since`), unless the prober already did."""
+    """``rounds`` stamped with their DIP's share over the counters' window that holds them, unless the
+    prober already did: from the newest read taken before the round started to the newest read
+    (:meth:`ShareMeter.windows`); none when no kept read is that old.
+
+    A probe round is stamped with the time it started and is read at the first tick after it ended:
+    its requests fall between two consecutive reads only when it ran within one tick, so a round that
+    started before the previous read takes the share over both windows."""
+    windows = meter.windows()
     out = {}
     for name, m in rounds.items():
-        known = meter.shares_since(m.time) if m.share is None else None
-        out[name] = replace(m, share=min(1.0, max(0.0, known[0][name]))) \
-            if known is not None and name in known[0] else m
+        shares = next((known for since, known in windows if since < m.time), None) if m.share is None else None
+        out[name] = replace(m, share=min(1.0, max(0.0, shares[name]))) if shares is not None and name in shares else m
     return out
 
 

@@ -334,15 +334,26 @@ async def test_applies_failures_and_recovery_are_logged_with_their_reasons(caplo
     assert plans and all(p.reasons for p in plans)
 
 
+def _since_previous(meter: ShareMeter, traffic: Traffic | None,
+                    now: float) -> tuple[float, dict[str, float] | None] | None:
+    """Take a read; the window from the read before it (when it was, its shares), or None without one."""
+    meter.update(traffic, now)
+    windows = meter.windows()
+    return windows[0] if windows else None
+
+
 def test_the_share_meter_takes_differences_and_refuses_resets_and_kind_changes() -> None:
     meter = ShareMeter()
-    assert meter.update(Traffic("requests", {"a": 10, "b": 10}), 5.0) is None  # nothing to compare with yet
-    known = meter.update(Traffic("requests", {"a": 40, "b": 20}), 10.0)
-    assert known is not None and known[0] == pytest.approx({"a": 0.75, "b": 0.25}) and known[1] == 5.0
-    assert meter.update(Traffic("requests", {"a": 5, "b": 30}), 15.0) is None  # a went down: the LB reloaded
-    assert meter.update(Traffic("bytes", {"a": 900, "b": 100}), 20.0) is None  # another kind of counter
-    assert meter.update(Traffic("bytes", {"a": 900, "b": 100}), 25.0) is None  # nothing served
-    assert meter.update(None, 30.0) is None
+    assert _since_previous(meter, Traffic("requests", {"a": 10, "b": 10}), 5.0) is None  # nothing to compare with
+    known = _since_previous(meter, Traffic("requests", {"a": 40, "b": 20}), 10.0)
+    assert known is not None and known[1] == pytest.approx({"a": 0.75, "b": 0.25}) and known[0] == 5.0
+    assert meter.rate == pytest.approx(40 / 5.0)
+    reset = _since_previous(meter, Traffic("requests", {"a": 5, "b": 30}), 15.0)
+    assert reset is not None and reset[1] is None  # a went down: the LB reloaded
+    assert _since_previous(meter, Traffic("bytes", {"a": 900, "b": 100}), 20.0) is None  # another kind of counter
+    idle = _since_previous(meter, Traffic("bytes", {"a": 900, "b": 100}), 25.0)
+    assert idle is not None and idle[1] is None  # nothing served
+    assert _since_previous(meter, None, 30.0) is None
 
 
 def test_a_round_that_started_before_the_previous_read_takes_the_share_over_both_windows() -> None:
