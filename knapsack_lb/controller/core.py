@@ -69,6 +69,7 @@ from knapsack_lb.controller.estimation import (
     by_weight,
     change_direction,
     estimate,
+    idle_floor,
     light_latency,
     mean_lower_bound,
     pool_prior,
@@ -762,7 +763,8 @@ class VipController:
                 continue
             est = estimate(dip.evidence, prior, z=z, tolerance=s.measurement.trust_tolerance,
                            drop_factor=s.measurement.drop_latency_factor,
-                           failure_share=s.measurement.drop_failure_share, floor=floor, spread=self.round_spread,
+                           failure_share=s.measurement.drop_failure_share,
+                           floor=idle_floor(floor, lights[dip.name], reference, z), spread=self.round_spread,
                            unloaded=unloaded_latency(reference, lights[dip.name]))
             if est is None:
                 continue

@@ -224,6 +224,24 @@ def unloaded_latency(pool: float | None, light: float) -> float | None:
     return min(pool, light) if pool is not None else (light if math.isfinite(light) else None)
 
 
+def idle_floor(floor: float, light: float, pool: float | None, z: float) -> float:
+    """The floor under the cap of a DIP whose latency has not risen (:func:`estimate`'s ``floor``):
+    ``floor`` for a DIP seen nearly idle, 0 for one whose light latency (:func:`light_latency`, pooled
+    to ``LIGHT_PRECISION``) lies above the pool's unloaded latency (:func:`pool_prior` of the light
+    latencies, known to ``PRIOR_SPREAD``) by more than ``z`` of both errors. Without the floor the cap
+    is the lower bound the DIP's own rounds give: a bounded step above what it carried.
+
+    A DIP can be flat because every round saw it loaded: a small DIP started at its share of the
+    pool's vCPUs near its knee (at layer 4 the shares it carries scatter round to round, its rounds
+    stand at several weights, and their flat latency at 3-4x the pool's reads as a slow host with no
+    knee). The floor, a fixed share of the pool, was then above its capacity, and plans ran such
+    DIPs at 1.2-1.8x it (docs/decisions/controller.md). How it fails: a DIP on a host that much
+    slower than the rest of the pool is taken for a loaded one and grows by the bounded step only."""
+    if pool is None or not math.isfinite(light):
+        return floor
+    return 0.0 if light * (1 - z * LIGHT_PRECISION) > pool * (1 + z * PRIOR_SPREAD) else floor
+
+
 def by_weight(rounds: Sequence[RoundEvidence], tolerance: float) -> list[Pooled]:
     """Rounds grouped by the weight they were taken under (:attr:`RoundEvidence.setting`,
     :func:`same_weight` as the group's first) and pooled, each group at its rounds' mean share."""

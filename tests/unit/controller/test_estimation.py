@@ -12,6 +12,7 @@ import pytest
 
 from knapsack_lb.controller.estimation import (
     BACKOFF,
+    LIGHT_PRECISION,
     PRIOR_SPREAD,
     RELAXED_LEVELS,
     RoundEvidence,
@@ -21,6 +22,7 @@ from knapsack_lb.controller.estimation import (
     critical,
     disagreement,
     estimate,
+    idle_floor,
     is_overload,
     light_latency,
     pool_prior,
@@ -134,6 +136,26 @@ def test_a_flat_dip_grows_by_a_bounded_factor_and_the_floor() -> None:
     assert est is not None and 0.2 < est.cap < 0.4  # no rise seen: a bounded step up, not the whole VIP
     tiny = estimate([_round(0, 0.002, 0.010)], 0.010, **KW, floor=0.05)
     assert tiny is not None and tiny.cap == pytest.approx(0.05)  # nearly idle: the floor share
+
+
+def test_the_floor_is_for_a_dip_seen_nearly_idle() -> None:
+    """The pool's unloaded latency 10 ms, known to 25 %; a light latency known to 12.5 %: at z = 2 a
+    DIP whose light latency is above 15 ms / 0.75 = 20 ms was seen under load and gets no floor (an
+    M/M/1 DIP at 75 % utilisation sits at 40 ms); without a pool or a light latency the floor stands."""
+    bound = 0.010 * (1 + Z * PRIOR_SPREAD) / (1 - Z * LIGHT_PRECISION)
+    assert bound == pytest.approx(0.020)
+    assert idle_floor(0.05, 0.012, 0.010, Z) == 0.05
+    assert idle_floor(0.05, 0.99 * bound, 0.010, Z) == 0.05
+    assert idle_floor(0.05, 1.01 * bound, 0.010, Z) == 0.0
+    assert idle_floor(0.05, 0.010 / (1 - 0.75), 0.010, Z) == 0.0
+    assert idle_floor(0.05, 0.040, None, Z) == 0.05
+    assert idle_floor(0.05, math.inf, 0.010, Z) == 0.05
+    # flat at 40 ms over shares 0.008-0.012: without the floor the cap stays near what it carried
+    loaded = [_round(i, w, 0.040) for i, w in enumerate((0.008, 0.010, 0.012))]
+    floored = estimate(loaded, 0.040, **KW, floor=0.05)
+    bare = estimate(loaded, 0.040, **KW, floor=idle_floor(0.05, 0.040, 0.010, Z))
+    assert floored is not None and bare is not None
+    assert floored.cap == pytest.approx(0.05) and bare.cap < 0.024
 
 
 def test_looser_confidence_levels_move_each_cap_by_its_own_uncertainty() -> None:
