@@ -235,7 +235,7 @@ def idle_floor(floor: float, light: float, pool: float | None, z: float) -> floa
     pool's vCPUs near its knee (at layer 4 the shares it carries scatter round to round, its rounds
     stand at several weights, and their flat latency at 3-4x the pool's reads as a slow host with no
     knee). The floor, a fixed share of the pool, was then above its capacity, and plans ran such
-    DIPs at 1.2-1.8x it (docs/decisions/controller.md). How it fails: a DIP on a host that much
+    DIPs at 1.1-1.6x it (docs/decisions/controller.md). How it fails: a DIP on a host that much
     slower than the rest of the pool is taken for a loaded one and grows by the bounded step only."""
     if pool is None or not math.isfinite(light):
         return floor
