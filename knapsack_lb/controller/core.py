@@ -69,12 +69,12 @@ from knapsack_lb.controller.estimation import (
     by_weight,
     change_direction,
     estimate,
-    idle_floor,
     light_latency,
     mean_lower_bound,
     pool_prior,
     probe_spread,
     round_evidence,
+    seen_under_load,
     unloaded_latency,
 )
 from knapsack_lb.controller.guard import PlanGuard
@@ -763,9 +763,9 @@ class VipController:
                 continue
             est = estimate(dip.evidence, prior, z=z, tolerance=s.measurement.trust_tolerance,
                            drop_factor=s.measurement.drop_latency_factor,
-                           failure_share=s.measurement.drop_failure_share,
-                           floor=idle_floor(floor, lights[dip.name], reference, z), spread=self.round_spread,
-                           unloaded=unloaded_latency(reference, lights[dip.name]))
+                           failure_share=s.measurement.drop_failure_share, floor=floor, spread=self.round_spread,
+                           unloaded=unloaded_latency(reference, lights[dip.name]),
+                           under_load=seen_under_load(lights[dip.name], reference, z))
             if est is None:
                 continue
             reasons += self._take_estimate(dip, est, now)

@@ -224,12 +224,12 @@ def unloaded_latency(pool: float | None, light: float) -> float | None:
     return min(pool, light) if pool is not None else (light if math.isfinite(light) else None)
 
 
-def idle_floor(floor: float, light: float, pool: float | None, z: float) -> float:
-    """The floor under the cap of a DIP whose latency has not risen (:func:`estimate`'s ``floor``):
-    ``floor`` for a DIP seen nearly idle, 0 for one whose light latency (:func:`light_latency`, pooled
-    to ``LIGHT_PRECISION``) lies above the pool's unloaded latency (:func:`pool_prior` of the light
-    latencies, known to ``PRIOR_SPREAD``) by more than ``z`` of both errors. Without the floor the cap
-    is the lower bound the DIP's own rounds give: a bounded step above what it carried.
+def seen_under_load(light: float, pool: float | None, z: float) -> bool:
+    """Whether a DIP's light latency (:func:`light_latency`, pooled to ``LIGHT_PRECISION``) lies above
+    the pool's unloaded latency (:func:`pool_prior` of the light latencies, known to ``PRIOR_SPREAD``)
+    by more than ``z`` of both errors: then even its lightest rounds were taken under load, and a
+    flat fit of them is no sign of room (:func:`estimate` gives it no floor). False without a pool
+    or a light latency.
 
     A DIP can be flat because every round saw it loaded: a small DIP started at its share of the
     pool's vCPUs near its knee (at layer 4 the shares it carries scatter round to round, its rounds
@@ -238,8 +238,8 @@ def idle_floor(floor: float, light: float, pool: float | None, z: float) -> floa
     DIPs at 1.1-1.6x it (docs/decisions/controller.md). How it fails: a DIP on a host that much
     slower than the rest of the pool is taken for a loaded one and grows by the bounded step only."""
     if pool is None or not math.isfinite(light):
-        return floor
-    return 0.0 if light * (1 - z * LIGHT_PRECISION) > pool * (1 + z * PRIOR_SPREAD) else floor
+        return False
+    return light * (1 - z * LIGHT_PRECISION) > pool * (1 + z * PRIOR_SPREAD)
 
 
 def by_weight(rounds: Sequence[RoundEvidence], tolerance: float) -> list[Pooled]:
@@ -447,6 +447,7 @@ def estimate(
     floor: float = 0.0,
     spread: float = 0.0,
     unloaded: float | None = None,
+    under_load: bool = False,
 ) -> Estimate | None:
     """Fit one DIP's rounds (see the module docstring); None when there is nothing to fit (no clean
     round and no prior). ``prior`` is the pool's estimate of the unloaded latency; ``floor`` is the
@@ -456,7 +457,9 @@ def estimate(
     rounds at one weight is as uncertain as its probes say plus ``spread`` over its rounds.
     ``unloaded`` is the DIP's unloaded latency for the drop test, :func:`unloaded_latency` of the
     pool's (:func:`pool_prior` of the DIPs' :func:`light_latency`) and its own; when None, that of
-    ``prior`` and its own. The drop level is ``drop_factor`` times it."""
+    ``prior`` and its own. The drop level is ``drop_factor`` times it. ``under_load``
+    (:func:`seen_under_load`): the DIP's lightest rounds were taken under load, so a flat fit of
+    rounds at load takes no floor; rounds at (nearly) no load only still do."""
     if not rounds:
         return None
     if unloaded is None:
@@ -488,7 +491,7 @@ def estimate(
 
     def cap_at(level: float) -> float:
         low = min(shapes.low(level), bound)
-        return max(0.0, max(low, min(floor, bound)) if shapes.flat and not overloaded else low)
+        return max(0.0, max(low, min(floor, bound)) if shapes.flat and not overloaded and not under_load else low)
 
     low = cap_at(z)
     relaxed = tuple(itertools.accumulate((cap_at(share * z) for share in RELAXED_LEVELS), max, initial=low))[1:]

@@ -22,13 +22,13 @@ from knapsack_lb.controller.estimation import (
     critical,
     disagreement,
     estimate,
-    idle_floor,
     is_overload,
     light_latency,
     pool_prior,
     pooled,
     probe_spread,
     round_evidence,
+    seen_under_load,
     unloaded_latency,
 )
 from knapsack_lb.curves import curve_from_dict
@@ -140,22 +140,26 @@ def test_a_flat_dip_grows_by_a_bounded_factor_and_the_floor() -> None:
 
 def test_the_floor_is_for_a_dip_seen_nearly_idle() -> None:
     """The pool's unloaded latency 10 ms, known to 25 %; a light latency known to 12.5 %: at z = 2 a
-    DIP whose light latency is above 15 ms / 0.75 = 20 ms was seen under load and gets no floor (an
-    M/M/1 DIP at 75 % utilisation sits at 40 ms); without a pool or a light latency the floor stands."""
+    DIP whose light latency is above 15 ms / 0.75 = 20 ms was seen under load and a flat fit of its
+    loaded rounds gets no floor (an M/M/1 DIP at 75 % utilisation sits at 40 ms); without a pool or a
+    light latency it was not. A DIP seen only at (nearly) no load keeps the floor whatever its latency:
+    that latency is its unloaded one (a slow host), not load."""
     bound = 0.010 * (1 + Z * PRIOR_SPREAD) / (1 - Z * LIGHT_PRECISION)
     assert bound == pytest.approx(0.020)
-    assert idle_floor(0.05, 0.012, 0.010, Z) == 0.05
-    assert idle_floor(0.05, 0.99 * bound, 0.010, Z) == 0.05
-    assert idle_floor(0.05, 1.01 * bound, 0.010, Z) == 0.0
-    assert idle_floor(0.05, 0.010 / (1 - 0.75), 0.010, Z) == 0.0
-    assert idle_floor(0.05, 0.040, None, Z) == 0.05
-    assert idle_floor(0.05, math.inf, 0.010, Z) == 0.05
+    assert not seen_under_load(0.012, 0.010, Z)
+    assert not seen_under_load(0.99 * bound, 0.010, Z)
+    assert seen_under_load(1.01 * bound, 0.010, Z)
+    assert seen_under_load(0.010 / (1 - 0.75), 0.010, Z)
+    assert not seen_under_load(0.040, None, Z)
+    assert not seen_under_load(math.inf, 0.010, Z)
     # flat at 40 ms over shares 0.008-0.012: without the floor the cap stays near what it carried
     loaded = [_round(i, w, 0.040) for i, w in enumerate((0.008, 0.010, 0.012))]
     floored = estimate(loaded, 0.040, **KW, floor=0.05)
-    bare = estimate(loaded, 0.040, **KW, floor=idle_floor(0.05, 0.040, 0.010, Z))
+    bare = estimate(loaded, 0.040, **KW, floor=0.05, under_load=seen_under_load(0.040, 0.010, Z))
     assert floored is not None and bare is not None
     assert floored.cap == pytest.approx(0.05) and bare.cap < 0.024
+    idle = estimate([_round(i, 0.0, 0.040) for i in range(3)], 0.040, **KW, floor=0.05, under_load=True)
+    assert idle is not None and idle.cap == pytest.approx(0.05)
 
 
 def test_looser_confidence_levels_move_each_cap_by_its_own_uncertainty() -> None:
