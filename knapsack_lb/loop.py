@@ -119,24 +119,13 @@ class ShareMeter:
     """Each DIP's share of the VIP's traffic between reads of the LB's counters (one read a tick)."""
 
     reads: list[tuple[float, Traffic]] = field(default_factory=list)  # the newest ``READS_KEPT``, oldest first
-    rate: float | None = None  # the VIP's requests per second between the last two reads (counters of requests)
-    seconds: float = 0.0  # ... over this long
 
     def update(self, traffic: Traffic | None, now: float) -> None:
-        """Take the read at ``now``. Sets :attr:`rate` when the LB counts requests and the read before
-        it counts them too (:meth:`windows`), else clears it. A missing read, or a counter of another
-        kind, starts the history again."""
-        self.rate = None
+        """Take the read at ``now``. A missing read, or a counter of another kind, starts the history again."""
         if traffic is None or (self.reads and self.reads[-1][1].kind != traffic.kind):
             self.reads = []
-        if traffic is None:
-            return
-        self.reads = [*self.reads, (now, traffic)][-READS_KEPT:]
-        if traffic.kind == "requests" and len(self.reads) > 1:
-            since, previous = self.reads[-2]
-            counted = _counted(previous, traffic)
-            if counted is not None and now > since:
-                self.rate, self.seconds = sum(counted.values()) / (now - since), now - since
+        if traffic is not None:
+            self.reads = [*self.reads, (now, traffic)][-READS_KEPT:]
 
     def windows(self) -> list[tuple[float, dict[str, float] | None]]:
         """For each kept read before the newest, newest first: when it was taken, and each DIP's share
@@ -148,10 +137,26 @@ class ShareMeter:
         return [(t, None if (counted := _counted(base, newest)) is None else _shares(counted))
                 for t, base in reversed(self.reads[:-1])]
 
+    def latest(self) -> RateReading | None:
+        """The VIP's request rate between the last two reads, stamped with the newest: when both count
+        requests and something was counted between them (no counter went down)."""
+        if len(self.reads) < 2 or self.reads[-1][1].kind != "requests":
+            return None
+        (since, previous), (now, newest) = self.reads[-2:]
+        counted = _counted(previous, newest)
+        return None if counted is None or now <= since else RateReading(now, sum(counted.values()) / (now - since),
+                                                                          now - since)
+
+    @property
+    def rate(self) -> float | None:
+        """The VIP's requests per second between the last two reads (:meth:`latest`)."""
+        latest = self.latest()
+        return None if latest is None else latest.rate
+
     def reading(self, now: float) -> RateReading | None:
-        """The VIP's request rate read at ``now``, when the counters were read then and count requests."""
-        return RateReading(now, self.rate, self.seconds) if self.rate is not None and self.reads[-1][0] == now \
-            else None
+        """The VIP's request rate read at ``now`` (:meth:`latest`), when the counters were read then."""
+        latest = self.latest()
+        return latest if latest is not None and latest.time == now else None
 
 
 def _counted(base: Traffic, newest: Traffic) -> dict[str, float] | None:
