@@ -16,7 +16,9 @@ waited in the socket (``read_delay`` = real-time now - kernel timestamp, both re
 microseconds of each other, so a clock step or slew between them is negligible and an
 implausible value, negative or longer than the request, is ignored) from the monotonic
 reading. Without kernel timestamps (another OS, or ``kernel_timestamps=False``) the time is
-the monotonic clock when the read happened, as before.
+the monotonic clock when the read happened, as before; so are the first responses after the
+first socket on the machine asked for stamps (Linux switches stamping on from a work queue,
+and data that arrives before carries none).
 
 It understands ``Content-Length`` bodies, ``Transfer-Encoding: chunked``, bodies ended by
 the server closing (no length), ``HEAD`` (no body), interim 1xx responses (skipped) and

@@ -1,9 +1,12 @@
 """Fixtures shared by the whole suite: a real Redis and a real Redis Cluster on free loopback ports,
-artifacts."""
+kernel receive timestamps switched on, artifacts."""
 
 from __future__ import annotations
 
 import os
+import socket
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +16,7 @@ import pytest
 from hypothesis import settings
 
 from knapsack_lb.lab.procs import RedisClusterServers, RedisServer
+from knapsack_lb.socket_timestamps import enable_timestamps, receive_with_timestamp
 
 if TYPE_CHECKING:
     from knapsack_lb.store.redis import RedisLatencyStore
@@ -111,3 +115,28 @@ def artifacts_dir() -> Path:
     path = Path(os.environ.get("KLB_ARTIFACTS", ARTIFACTS))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@pytest.fixture
+def kernel_stamping() -> Iterator[None]:
+    """Linux stamps received data only after a work queue has switched stamping on for the whole
+    machine, some time after the first socket asked (and off again after the last closed). Tests
+    that time a socket's first data by its stamp hold a stamped loopback connection open and wait
+    until its data comes stamped; a kernel that never stamps fails the test."""
+    if not sys.platform.startswith("linux"):
+        yield
+        return
+    with socket.create_server(("127.0.0.1", 0)) as listener, \
+            socket.create_connection(listener.getsockname()[:2], timeout=5) as sender:
+        receiver, _ = listener.accept()
+        with receiver:
+            receiver.settimeout(5)
+            assert enable_timestamps(receiver)
+            deadline = time.monotonic() + 5
+            sender.sendall(b"x")
+            while not receive_with_timestamp(receiver, 64)[1]:
+                if time.monotonic() > deadline:
+                    pytest.fail("the kernel did not stamp received data within 5 s")
+                time.sleep(0.01)
+                sender.sendall(b"x")
+            yield

@@ -187,6 +187,7 @@ def test_concurrent_requests_share_or_queue_by_mode(mode: str, expected: list[fl
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_TIMESTAMPNS is Linux's")
+@pytest.mark.usefixtures("kernel_stamping")
 async def test_service_starts_when_the_request_reaches_the_socket_not_when_it_is_read() -> None:
     """The emulator's loop is busy for 30 ms after a request arrives: the injected 50 ms still
     run from the request's arrival (kernel receive timestamp), and X-Server-Latency counts the wait."""

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 
+@pytest.mark.usefixtures("kernel_stamping")
 def test_bench_probes_reports_throughput_and_latency_error() -> None:
     from knapsack_lb.cli.main import app
 
