@@ -77,7 +77,7 @@ from knapsack_lb.controller.estimation import (
     seen_under_load,
     unloaded_latency,
 )
-from knapsack_lb.controller.guard import PlanGuard
+from knapsack_lb.controller.guard import PlanGuard, Rollback
 from knapsack_lb.controller.measurement import DipMeasurement
 from knapsack_lb.controller.rails import apply_rails, capacity_proportional
 from knapsack_lb.controller.scheduling import MeasurementRequest, schedule_round
@@ -743,12 +743,14 @@ class VipController:
             off = self._off_curve(dip) if traffic is None else 0
             if off != 0:
                 expected = dip.curve_obj().latency(evidence.weight)
+                since = dip.evidence[-confirmations - 1].time if len(dip.evidence) > confirmations else -math.inf
                 dip.evidence = dip.evidence[-confirmations:]
                 seen = f"{evidence.mean * 1e3:.1f}ms" if evidence.n else "no successful probe"
                 reasons.append(f"change: {name} measured {seen} ({evidence.failed:.0%} failed) at weight "
                                f"{evidence.weight:.3f}, its curve said {expected * 1e3:.1f}ms; relearning from the "
                                f"last {confirmations} rounds")
                 if off > 0:
+                    reasons += self._released(name, evidence.weight, since)
                     reasons += self._unremedied(name, evidence.weight)
         if self.in_force and self.confirmed_version and latest:
             self.guard.observe(self.confirmed_version, self.in_force, latest)
@@ -770,6 +772,17 @@ class VipController:
                 continue
             reasons += self._take_estimate(dip, est, now)
         return reasons
+
+    def _released(self, name: str, weight: float, since: float) -> list[str]:
+        """The holds of a rollback that compared plans across ``name``'s slowdown are lifted
+        (:meth:`PlanGuard.across_change`), as a traffic change lifts every hold."""
+        held = self.guard.across_change(name, weight, since, self.settings.measurement.trust_tolerance)
+        for other in held:
+            self.dips[other].held, self.dips[other].held_until = None, -math.inf
+        if not held:
+            return []
+        return [f"guard: the last rollback compared plans across {name}'s slowdown; "
+                f"{', '.join(sorted(held))} no longer held"]
 
     def _unremedied(self, name: str, weight: float) -> list[str]:
         """The guard forgets a previous plan that gives ``name`` the weight it was just found slow at
@@ -995,22 +1008,25 @@ class VipController:
     def _rollback(self, now: float, live: list[str], pins: Mapping[str, float],
                   reasons: list[str]) -> WeightPlan | None:
         """The guard (:mod:`knapsack_lb.controller.guard`): restore the previous plan when the one in force
-        measured significantly worse; the DIPs it had raised are held at their old weights for a while."""
+        measured significantly worse; the DIPs it had raised are held at their old weights for a while
+        (released early when the comparison turns out to have spanned a traffic change or a DIP's own
+        slowdown: :meth:`_released`)."""
         s = self.settings
         better = self.guard.verdict(s.learning.confidence, GUARD_THRESHOLD)
         current = self.guard.state.current
         if better is None or current is None:
             return None
-        self.guard.forget()
         weights = {n: better.weights.get(n, 0.0) for n in live if n not in pins}
         mass = sum(weights.values())
         if mass <= 0:
+            self.guard.forget()
             return None
         free = 1.0 - sum(w for n, w in pins.items() if n in live)
         weights = {n: w / mass * free for n, w in weights.items()}
-        for name, w in weights.items():
-            if current.weights.get(name, 0.0) > w:
-                self.dips[name].held, self.dips[name].held_until = w, now + s.learning.window / 2
+        held = [n for n, w in weights.items() if current.weights.get(n, 0.0) > w]
+        for name in held:
+            self.dips[name].held, self.dips[name].held_until = weights[name], now + s.learning.window / 2
+        self.guard.forget(Rollback(now, dict(weights), held))
         weights.update({n: w for n, w in pins.items() if n in live})
         note = (f"guard: plan v{current.version} measured {current.mean * 1e3:.1f}ms, v{better.version} "
                 f"{better.mean * 1e3:.1f}ms (+-{2 * math.sqrt(current.variance + better.variance) * 1e3:.1f}); "

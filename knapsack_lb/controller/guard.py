@@ -15,7 +15,8 @@ changes the VIP's latency by itself, and restoring the plan from before it would
 (a returning DIP back at once to its old share, past its slow start). Nor across a DIP's own
 slowdown (:meth:`PlanGuard.slowed`): a DIP found slower than its curve, or overloaded, at a weight
 the previous plan gives it too makes the plan in force look worse, and the previous plan would put
-the weight back where it slowed.
+the weight back where it slowed. A rollback that came first, between the slowdown and the rounds
+that confirm it, is not undone, but the DIPs it held are released (:meth:`PlanGuard.across_change`).
 
 How it fails: the two plans are measured at different times, so a traffic change between them
 looks like a worse plan (the rollback then restores a plan that is no better, and the learner,
@@ -68,11 +69,22 @@ class PlanRecord:
 
 
 @dataclass
+class Rollback:
+    """The guard's last rollback: when, the weights it restored and the DIPs it held below the plan
+    it undid."""
+
+    time: float
+    weights: dict[str, float]
+    held: list[str]
+
+
+@dataclass
 class GuardState:
-    """What the guard remembers: the plan in force and the one before it."""
+    """What the guard remembers: the plan in force, the one before it and its last rollback."""
 
     current: PlanRecord | None = None
     previous: PlanRecord | None = None
+    rollback: Rollback | None = None
 
 
 def vip_latency(weights: Mapping[str, float], rounds: Mapping[str, RoundEvidence]) -> tuple[float, float] | None:
@@ -129,9 +141,22 @@ class PlanGuard:
         self.reset()
         return True
 
-    def forget(self) -> None:
-        """After a rollback: judge afresh from the next plan on."""
-        self.state = GuardState(current=self.state.current)
+    def across_change(self, name: str, weight: float, since: float, tolerance: float) -> list[str]:
+        """DIP ``name`` was just found slower than its curve at ``weight``, and its newest round that
+        still agreed with the curve is from ``since``. When the last rollback came after that and
+        restored a plan that gives the DIP at least that weight (within ``tolerance``), it compared a
+        plan measured after the DIP changed with one measured before, as across a traffic change:
+        the plan it undid looked worse for the change alone, so its holds say nothing about the DIPs
+        it held. Those DIPs (the rollback is forgotten), else none."""
+        rollback = self.state.rollback
+        if rollback is None or rollback.time <= since or rollback.weights.get(name, 0.0) < weight * (1 - tolerance):
+            return []
+        self.state.rollback = None
+        return rollback.held
+
+    def forget(self, rollback: Rollback | None = None) -> None:
+        """After a rollback (``rollback``, when it restored a plan): judge afresh from the next plan on."""
+        self.state = GuardState(current=self.state.current, rollback=rollback)
 
     def reset(self) -> None:
         """After a traffic change: no plan measured before it is compared with one after it."""

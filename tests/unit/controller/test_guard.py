@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
-from knapsack_lb.controller.core import SolveRequest, SolveResult
+from knapsack_lb.controller.core import SolveRequest, SolveResult, VipController
 from knapsack_lb.controller.estimation import RoundEvidence
-from knapsack_lb.controller.guard import PlanGuard, PlanRecord, vip_latency
+from knapsack_lb.controller.guard import PlanGuard, PlanRecord, Rollback, vip_latency
 from knapsack_lb.model import PlanFlag, PlanMethod
 
 from .loop import Loop, vip_config
@@ -53,6 +54,21 @@ def test_plans_that_serve_different_dips_are_never_compared() -> None:
         guard.observe(3, {"a": 1.0, "b": 0.0}, {"a": _ev(0.030, 0.0001)})
     worse = guard.verdict(2.0, 0.05)
     assert worse is not None and worse.version == 2
+
+
+def test_a_rollback_after_a_dips_last_agreeing_round_that_restored_its_weight_releases_its_holds() -> None:
+    def guard() -> PlanGuard:
+        g = PlanGuard()
+        g.forget(Rollback(100.0, {"a": 0.3, "b": 0.1}, ["b"]))
+        return g
+
+    released = guard()
+    assert released.across_change("a", 0.3, since=90.0, tolerance=0.1) == ["b"]
+    assert released.across_change("a", 0.3, since=90.0, tolerance=0.1) == []  # released once
+    assert guard().across_change("a", 0.32, since=90.0, tolerance=0.1) == ["b"]  # within the tolerance
+    assert guard().across_change("a", 0.4, since=90.0, tolerance=0.1) == []  # it restored less: its verdict stands
+    assert guard().across_change("a", 0.3, since=100.0, tolerance=0.1) == []  # the DIP agreed after the rollback
+    assert guard().across_change("c", 0.1, since=90.0, tolerance=0.1) == []  # a DIP it gave nothing
 
 
 def test_rounds_that_vary_more_than_their_probes_widen_the_bound() -> None:
@@ -130,3 +146,31 @@ def test_a_dip_that_slows_by_itself_is_not_undone_by_the_guard(loop: Loop) -> No
             reasons += new.reasons
     assert any(r.startswith(f"guard: the plan before gives {slowed} the weight it slowed at") for r in reasons), reasons
     assert loop.ctl.plan is not None and loop.ctl.plan.weights[slowed] < 0.9 * plan.weights[slowed]
+
+
+@pytest.mark.parametrize("restored_share", [1.0, 0.5])
+def test_a_rollback_between_a_slowdown_and_its_confirmation_holds_nobody(loop: Loop, restored_share: float) -> None:
+    """A DIP loses capacity; before its rounds confirm it, the guard rolls back (the plan in force looks
+    worse for the slowdown alone) and holds the DIPs that plan raised. When the plan it restored gives
+    the slowed DIP the weight it slowed at, the rollback compared across the change: its holds go, as
+    after a traffic change. A rollback that had moved weight off the slowed DIP keeps them."""
+    for _ in range(20):
+        loop.tick()
+    plan = loop.ctl.plan
+    assert plan is not None
+    slowed = max(plan.weights, key=lambda name: plan.weights[name])
+    other = min(plan.weights, key=lambda name: plan.weights[name])
+    restored = {**plan.weights, slowed: plan.weights[slowed] * restored_share}
+    loop.model.set_capacity_factor(slowed, 0.7)
+    loop.tick()
+    loop.ctl.guard.forget(Rollback(loop.now, restored, [other]))
+    loop.ctl.dips[other].held, loop.ctl.dips[other].held_until = plan.weights[other] / 2, loop.now + 300
+    stored = json.loads(json.dumps(loop.ctl.to_dict(), allow_nan=False))
+    assert VipController.from_dict(stored, loop.ctl.settings).guard.state.rollback == loop.ctl.guard.state.rollback
+    reasons: list[str] = []
+    for _ in range(12):
+        new = loop.tick()
+        reasons += new.reasons if new is not None else []
+    released = any(r.startswith(f"guard: the last rollback compared plans across {slowed}'s slowdown") for r in reasons)
+    assert released == (restored_share == 1.0), reasons
+    assert (loop.ctl.dips[other].held is None) == released
