@@ -87,6 +87,12 @@ class GuardState:
     rollback: Rollback | None = None
 
 
+def _gives(weights: Mapping[str, float], name: str, weight: float, tolerance: float) -> bool:
+    """Whether a plan's ``weights`` give DIP ``name`` at least ``weight`` (within ``tolerance``): the
+    weight it was found slow at, so that the plan puts it back there."""
+    return weights.get(name, 0.0) >= weight * (1 - tolerance)
+
+
 def vip_latency(weights: Mapping[str, float], rounds: Mapping[str, RoundEvidence]) -> tuple[float, float] | None:
     """``(L, variance)`` of one round under ``weights``; None when too little of the plan answered."""
     answered = {n: w for n, w in weights.items() if w > 0 and n in rounds and rounds[n].n > 0}
@@ -136,7 +142,7 @@ class PlanGuard:
         traffic change, and say whether there was one to forget. A previous plan that gives the DIP
         less stays: moving weight off it is what a rollback is for."""
         prev = self.state.previous
-        if prev is None or prev.weights.get(name, 0.0) < weight * (1 - tolerance):
+        if prev is None or not _gives(prev.weights, name, weight, tolerance):
             return False
         self.reset()
         return True
@@ -149,7 +155,7 @@ class PlanGuard:
         the plan it undid looked worse for the change alone, so its holds say nothing about the DIPs
         it held. Those DIPs (the rollback is forgotten), else none."""
         rollback = self.state.rollback
-        if rollback is None or rollback.time <= since or rollback.weights.get(name, 0.0) < weight * (1 - tolerance):
+        if rollback is None or rollback.time <= since or not _gives(rollback.weights, name, weight, tolerance):
             return []
         self.state.rollback = None
         return rollback.held
