@@ -539,8 +539,13 @@ class VipController:
                           [f"{note}: equal weights over the live DIPs"], force=True)
 
     def observe_lb(self, carried: Mapping[str, float], at: float) -> None:
-        """The LB was read and carries ``carried``: e.g. at start, or changed behind the controller's back."""
+        """The LB was read and carries ``carried``: e.g. at start, or changed behind the controller's back.
+        Before the controller's first plan it is the operator's split, kept per DIP as its start share
+        (the most a DIP seen only idle is given: :meth:`_floor`)."""
         self._carry(carried, at)
+        if self.plan is None:
+            for name, share in self.in_force.items():
+                self.dips[name].start_share = share
 
     def refuse(self, plan: WeightPlan, reason: str, *, retry: bool = True) -> None:
         """The LB did not take ``plan`` (refused, or dry run): nothing it scheduled can be measured,
@@ -759,19 +764,32 @@ class VipController:
         lights = {name: light_latency(d.evidence, z) for name, d in self.dips.items()}
         reference = pool_prior(list(lights.values()))
         live = [d for d in self.dips.values() if not d.failed]
-        floor = START_SHARE / max(1, len(live))
         for dip in live:
             if not dip.evidence:
                 continue
             est = estimate(dip.evidence, prior, z=z, tolerance=s.measurement.trust_tolerance,
                            drop_factor=s.measurement.drop_latency_factor,
-                           failure_share=s.measurement.drop_failure_share, floor=floor, spread=self.round_spread,
+                           failure_share=s.measurement.drop_failure_share, floor=self._floor(dip, len(live)),
+                           spread=self.round_spread,
                            unloaded=unloaded_latency(reference, lights[dip.name]),
                            under_load=seen_under_load(lights[dip.name], reference, z))
             if est is None:
                 continue
             reasons += self._take_estimate(dip, est, now)
         return reasons
+
+    @staticmethod
+    def _floor(dip: DipState, live: int) -> float:
+        """The cap of a DIP whose latency has not risen at any weight seen: ``START_SHARE`` of an equal
+        split over the ``live`` DIPs, and no more than the operator's own split gave it (its start
+        share). At layer 4 a DIP the operator weighted at 1 of 87 units can go its first rounds without
+        a connection; seen idle only, a quarter of an equal share was 1.3x its capacity (a 1-vCPU DIP
+        among 16-vCPU ones). How it fails: a DIP the operator under-weighted grows from its start share
+        by the fit's bounded step, not from the floor."""
+        floor = START_SHARE / max(1, live)
+        if dip.start_share is not None and dip.start_share > 0:
+            return min(floor, dip.start_share)
+        return floor
 
     def _released(self, name: str, weight: float, since: float) -> list[str]:
         """The holds of a rollback that compared plans across ``name``'s slowdown are lifted

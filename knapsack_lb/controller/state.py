@@ -61,6 +61,7 @@ class DipState:
     held: float | None = None  # after a rollback: the weight it may not exceed until ``held_until``
     held_until: float = -math.inf
     drained: bool = False  # the operator drains it: leaving the drain is a return (slow start)
+    start_share: float | None = None  # the share the LB's own split gave it before the controller's first plan
 
     @property
     def ready(self) -> bool:

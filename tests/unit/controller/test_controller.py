@@ -124,6 +124,33 @@ def test_before_any_curve_the_weights_the_lb_carries_are_kept() -> None:
             assert plan.weights == pytest.approx({n: 0.25 for n in names})
 
 
+def test_a_dip_seen_only_idle_takes_no_more_than_the_operator_gave_it() -> None:
+    """A DIP whose rounds show no load (at layer 4 the LB had not given it a connection yet) is capped
+    at the floor share of the pool, but never above the share the operator's split gave it at start:
+    the operator's 1 unit of 50 is 0.02, where the floor (a quarter of an equal share) is 0.0625. The
+    start share outlives a restart; a pool read with nothing from the LB keeps the floor."""
+    names = list("abcd")
+
+    def learned(operator: dict[str, float]) -> VipController:
+        ctl = VipController("vip", names, FAST)
+        ctl.observe_lb(operator, 0.0)
+        for t in range(0, 60, 5):
+            rounds = {n: Measurement("vip", n, t - 1.0, ctl.in_force.get(n, 0.0), 20, 20, 0, 0, 0.010, 0.010, 0.012,
+                                     0.015, None, "w", latency_std=0.001,
+                                     share=0.0 if n == "a" else ctl.in_force.get(n, 0.0)) for n in names}
+            plan = ctl.step(float(t), rounds if t else {}, config=vip_config(names))
+            if plan is not None:
+                ctl.observe_lb(plan.weights, t + 0.5)
+        return ctl
+
+    operator = learned({"a": 0.02, "b": 0.33, "c": 0.33, "d": 0.32})
+    assert operator.dips["a"].w_max == pytest.approx(0.02)
+    assert operator.plan is not None and operator.plan.weights["a"] <= 0.02 + 1e-9
+    twin = VipController.from_dict(json.loads(json.dumps(operator.to_dict())), FAST)
+    assert twin.dips["a"].start_share == pytest.approx(0.02) and twin.dips["b"].start_share == pytest.approx(0.33)
+    assert learned({}).dips["a"].w_max == pytest.approx(0.25 / 4)
+
+
 def test_the_start_is_sent_until_the_lb_carries_it_then_not_restated() -> None:
     """With nothing learned the start (the LB's weights, or a step of the change bound towards an equal
     split) is sent once the LB needs it; later ticks send nothing, not the same weights again."""
