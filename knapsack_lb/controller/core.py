@@ -736,7 +736,7 @@ class VipController:
                     dip.evidence = shifted(dip.evidence, traffic.k, confirmations)
                 # a rollback's hold compared plans across the change (the first rounds under new traffic make
                 # the plan in force look worse): it says nothing about the DIP
-                dip.held, dip.held_until = None, -math.inf
+                dip.release()
             self.traffic_changed_at = min(e.time for d in self.dips.values() if not d.failed
                                           for e in d.evidence[-confirmations:])
             self.guard.reset()  # the plans before the change were measured under the old traffic
@@ -796,7 +796,7 @@ class VipController:
         (:meth:`PlanGuard.across_change`), as a traffic change lifts every hold."""
         held = self.guard.across_change(name, weight, since, self.settings.measurement.trust_tolerance)
         for other in held:
-            self.dips[other].held, self.dips[other].held_until = None, -math.inf
+            self.dips[other].release()
         if not held:
             return []
         return [f"guard: the last rollback compared plans across {name}'s slowdown; "

@@ -67,6 +67,10 @@ class DipState:
     def ready(self) -> bool:
         return self.curve is not None and self.w_max > 0
 
+    def release(self) -> None:
+        """Lift a rollback's hold (``held``): the plans it compared no longer say anything about this DIP."""
+        self.held, self.held_until = None, -math.inf
+
     def curve_obj(self) -> LatencyCurve:
         assert self.curve is not None
         return curve_from_dict(self.curve, dip=self.name)
