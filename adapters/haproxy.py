@@ -128,6 +128,18 @@ def parse_backup_servers(text: str, backend: str) -> frozenset[str]:
                      if row.get("svname") not in ("BACKEND", "FRONTEND") and row.get("bck") == "1")
 
 
+ERROR_COUNTERS = ("econ", "eresp", "wretr", "wredis", "hrsp_5xx")  # `show stat` columns of failed or moved requests
+
+
+def parse_server_errors(text: str, backend: str) -> dict[str, dict[str, int]]:
+    """``backend``'s servers' error counters from ``show stat`` CSV: connection errors (``econ``),
+    response errors (``eresp``), retries (``wretr``), redispatches to another server (``wredis``) and
+    5xx answers (``hrsp_5xx``, ``mode http`` only). A request HAProxy retried elsewhere reaches the
+    client as a success: these counters are the only trace of it."""
+    return {row["svname"]: {c: int(row[c]) for c in ERROR_COUNTERS if row.get(c, "").isdigit()}
+            for row in _stat_rows(text, backend) if row.get("svname") not in ("BACKEND", "FRONTEND")}
+
+
 def parse_server_traffic(text: str, backend: str) -> tuple[str, dict[str, float]]:
     """What ``backend``'s active servers served so far, from ``show stat`` CSV: HTTP requests
     (``req_tot``) in ``mode http``; at layer 4, where HAProxy sees no requests, bytes sent back to

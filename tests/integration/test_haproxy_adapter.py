@@ -13,10 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 from adapters.base import make_adapter
-from adapters.haproxy import HAProxyAdapter, HAProxyError, RuntimeApi
+from adapters.haproxy import HAProxyAdapter, HAProxyError, RuntimeApi, parse_server_errors
 from knapsack_lb.cli.main import app
+from knapsack_lb.lab.procs import free_port
 from knapsack_lb.lab.testbed import lb_harness
-from knapsack_lb.lab.testbed.lb_haproxy import HAProxyTestbed
+from knapsack_lb.lab.testbed.lb_haproxy import BACKEND, HAProxyTestbed
 from knapsack_lb.model import WeightPlan
 
 NAMES = ("b1", "b2", "b3")
@@ -321,3 +322,15 @@ def test_rollback_after_a_dropped_admin_connection_uses_a_new_connection(haproxy
     assert not result.ok
     assert "new admin connection" in result.reason, result.reason
     assert adapter.read_integers() == before  # no partial plan left in HAProxy
+
+
+def test_requests_moved_off_a_dead_server_show_in_its_error_counters(backends: dict[str, str], tmp_path: Path) -> None:
+    """HAProxy retries and redispatches a request whose server refuses the connection: the client
+    sees a success, and only the dead server's ``show stat`` counters tell."""
+    dead = {**backends, "gone": f"127.0.0.1:{free_port()}"}
+    with HAProxyTestbed(dead, tmp_path / "haproxy") as testbed:
+        counts = lb_harness.measure_split(testbed, 200)
+        errors = parse_server_errors(testbed.admin_command(f"show stat {BACKEND} 4 -1"), BACKEND)
+    assert "<failed>" not in counts and "gone" not in counts
+    assert errors["gone"]["wredis"] > 0, errors  # counted on the server the request left
+    assert all(errors[name]["wredis"] == 0 and errors[name]["econ"] == 0 for name in NAMES), errors

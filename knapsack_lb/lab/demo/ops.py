@@ -51,12 +51,14 @@ from rich.console import Console
 from rich.table import Table
 
 from adapters.base import make_adapter
+from adapters.haproxy import parse_server_errors
 from knapsack_lb.config import KlbConfig, parse_config
 from knapsack_lb.controller.core import is_solved
 from knapsack_lb.lab.demo.runner import controller_snapshot, run_loadgen
 from knapsack_lb.lab.demo.settings import DemoSettings
 from knapsack_lb.lab.demo.settle import SettleWatch
 from knapsack_lb.lab.demo.testbed import VIP, DemoTestbed
+from knapsack_lb.lab.testbed.lb_haproxy import BACKEND
 from knapsack_lb.loop import split_distance
 from knapsack_lb.model import PlanMethod, WeightPlan
 from knapsack_lb.service.runner import ServiceRunner, api_component, controller_component, open_store, probe_component
@@ -387,7 +389,8 @@ class OpsTour:
         action_task = asyncio.create_task(act())
         out = self.out_dir / "run" / f"ops-{key}.json"
         self.console.print(f"[bold]{key}[/bold]: {action}", highlight=False)
-        samples: dict[str, Any] = {"latency": [], "status": [], "arrival": [], "errors": 0}
+        samples: dict[str, Any] = {"latency": [], "status": [], "arrival": [], "errors": 0, "timeouts": 0}
+        errors_before = await asyncio.to_thread(_haproxy_errors, tb)
         try:
             while (elapsed := time.monotonic() - started) < duration - 0.5:
                 # with stop_when, the load runs in chunks so that every chunk's samples are kept
@@ -399,6 +402,7 @@ class OpsTour:
                     samples[key] += part[key]
                 samples["arrival"] += [elapsed + a for a in part["arrival"]]
                 samples["errors"] += int(part.get("errors", 0))
+                samples["timeouts"] += int(part.get("timeouts", 0))
                 if stop_when is not None and stop_when():
                     break
         finally:
@@ -414,6 +418,7 @@ class OpsTour:
         elif action_task.exception() is not None and not isinstance(action_task.exception(), asyncio.CancelledError):
             raise action_task.exception()  # type: ignore[misc]
         self._measure(record, samples)
+        record.extra["haproxy_errors"] = _counter_growth(errors_before, await asyncio.to_thread(_haproxy_errors, tb))
         self.records.append(record)
         return record
 
@@ -423,6 +428,10 @@ class OpsTour:
         ok = status == 200
         record.requests = len(latency) + int(samples.get("errors", 0))
         record.failed = int((~ok).sum()) + int(samples.get("errors", 0))
+        codes = [int(c) for c in status[~ok]]
+        record.extra["failures"] = {"timed out": int(samples.get("timeouts", 0)),
+                                    "unanswered": int(samples.get("errors", 0)) - int(samples.get("timeouts", 0)),
+                                    **{f"HTTP {c}": codes.count(c) for c in sorted(set(codes))}}
         if ok.any():
             record.mean = float(latency[ok].mean())
             record.p99 = float(np.percentile(latency[ok], 99))
@@ -432,7 +441,8 @@ class OpsTour:
     # --- checks -------------------------------------------------------------------------------
     @staticmethod
     def _judge(record: StepRecord, passed: bool, check: str) -> None:
-        record.passed, record.check = bool(passed), check
+        """The verdict, and what the clients and HAProxy saw go wrong when anything did."""
+        record.passed, record.check = bool(passed), check + _what_failed(record)
 
     @staticmethod
     def _judge_stop(record: StepRecord, plan: WeightPlan | None) -> None:
@@ -466,6 +476,33 @@ class OpsTour:
     @staticmethod
     def _share_after(record: StepRecord, name: str) -> float:
         return record.lb_shares[-1][1].get(name, 0.0) if record.lb_shares else 0.0
+
+
+def _haproxy_errors(tb: DemoTestbed) -> dict[str, dict[str, int]]:
+    """HAProxy's error counters per server now (empty when the admin socket does not answer)."""
+    with contextlib.suppress(OSError, ValueError):
+        return parse_server_errors(tb.lb.admin_command(f"show stat {BACKEND} 4 -1"), BACKEND)
+    return {}
+
+
+def _counter_growth(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """Counters that grew between two readings, per server (a reload restarts them: then the new value)."""
+    grown: dict[str, dict[str, int]] = {}
+    for server, counters in after.items():
+        old = before.get(server, {})
+        for name, value in counters.items():
+            delta = value - old.get(name, 0) if value >= old.get(name, 0) else value
+            if delta > 0:
+                grown.setdefault(server, {})[name] = delta
+    return grown
+
+
+def _what_failed(record: StepRecord) -> str:
+    """``; failures: 7 timed out; HAProxy dip-3: wretr 3, wredis 3`` - or nothing when all went well."""
+    parts = [f"{n} {kind}" for kind, n in record.extra.get("failures", {}).items() if n]
+    parts += [f"HAProxy {server}: " + ", ".join(f"{c} {n}" for c, n in counters.items())
+              for server, counters in record.extra.get("haproxy_errors", {}).items()]
+    return "; failures: " + "; ".join(parts) if parts else ""
 
 
 def _offered_work(tb: DemoTestbed, names: list[str]) -> dict[str, float]:
@@ -550,7 +587,7 @@ def run_ops(settings: OpsSettings, out_dir: Path, console: Console | None = None
     tour = OpsTour(settings, out_dir, console)
     records = asyncio.run(tour.run())
     console.print(ops_table(records))
-    report = {"settings": asdict(settings), "steps": [asdict(r) | {"lb_shares": r.lb_shares[-1:]} for r in records],
+    report = {"settings": asdict(settings), "steps": [asdict(r) for r in records],
               "passed": all(r.passed is not False for r in records), "started_at": tour.started_at, **tour.controller}
     (out_dir / "ops-report.json").write_text(json.dumps(report, indent=1, default=str))
     plot = plot_ops(records, tour.latency_trace, out_dir / "ops.png")

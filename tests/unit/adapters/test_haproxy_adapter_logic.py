@@ -14,6 +14,7 @@ from adapters.haproxy import (
     RuntimeApi,
     parse_backend_algo,
     parse_backup_servers,
+    parse_server_errors,
     parse_servers_state,
 )
 from knapsack_lb.errors import InvalidInputError
@@ -69,6 +70,15 @@ def test_parse_backup_servers_finds_the_bck_column() -> None:
             "other,x,UP,1,\n")
     assert parse_backup_servers(text, "klb") == {"spare"}
     assert parse_backup_servers("No such backend.\n", "klb") == frozenset()
+
+
+def test_parse_server_errors_reads_the_error_columns_of_each_server() -> None:
+    text = ("# pxname,svname,econ,eresp,wretr,wredis,hrsp_5xx\nklb,b1,0,0,0,0,0\nklb,b2,3,1,2,1,4\n"
+            "klb,BACKEND,3,1,2,1,4\nother,x,9,9,9,9,9\n")
+    assert parse_server_errors(text, "klb") == {
+        "b1": {"econ": 0, "eresp": 0, "wretr": 0, "wredis": 0, "hrsp_5xx": 0},
+        "b2": {"econ": 3, "eresp": 1, "wretr": 2, "wredis": 1, "hrsp_5xx": 4}}
+    assert parse_server_errors("# pxname,svname,econ\nklb,b1,\n", "klb") == {"b1": {}}  # empty cell: no counter
 
 
 @pytest.mark.parametrize(
