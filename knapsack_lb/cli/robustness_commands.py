@@ -42,7 +42,7 @@ def bench_robustness_command(
     pool_set = [gauge.generate_pool(i, seed, gen) for i in range(count)]
     if save_specs is not None:
         gauge.save_specs(pool_set, save_specs)
-    labels = gauge.FLUID_POLICIES if chosen == "fluid" else (*gauge.BASELINES, "oracle", "knapsack")
+    labels = gauge.FLUID_POLICIES if chosen == "fluid" else gauge.POLICIES
     err = Console(stderr=True)
     with Progress(TextColumn("robustness"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err) as progress:
@@ -64,15 +64,15 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 def _table(reports: list[PoolReport]) -> Table:
     table = Table(title="KnapsackLB (defaults) per pool: steady-window mean latency (ms)")
-    for col in ("pool", "RR", "LC", "P2C", "WRR vCPU", "WLC vCPU", "oracle", "KLB", "KLB/best", "KLB/oracle",
-                "solved at (s)", "max util", "max busy"):
+    for col in ("pool", "RR", "LC", "P2C", "WRR vCPU", "WLC vCPU", "oracle", "capacity", "KLB", "KLB/best",
+                "KLB/oracle", "solved at (s)", "max util", "max busy"):
         table.add_column(col, justify="right" if col != "pool" else "left")
     for r in reports:
         o = r.outcomes
         k = o["knapsack"]
         table.add_row(r.pool.describe(), *(_fmt(o[x].steady_mean_ms, 1) if x in o else "-" for x in
                                           ("round_robin", "least_connections", "power_of_two", "wrr_vcpu",
-                                           "wlc_vcpu", "oracle", "knapsack")),
+                                           "wlc_vcpu", "oracle", "capacity", "knapsack")),
                       _fmt(r.ratio("best")), _fmt(r.ratio("oracle")), _fmt(k.first_solved_s, 0),
                       _fmt(k.max_utilisation_after), _fmt(k.max_busy))
     return table
@@ -84,7 +84,10 @@ def _summary_table(summary: dict[str, Any]) -> Table:
     for col in ("median", "p90", "worst"):
         table.add_column(col, justify="right")
     for key in ("steady_vs_best_baseline", "steady_vs_oracle", "whole_run_vs_best_baseline", "whole_run_vs_oracle",
+                "steady_vs_capacity_weights", "capacity_weights_vs_vcpu_weights",
                 "first_solved_s", "max_utilisation_after_solved", "max_busy_after_solved", "probe_share"):
+        if key not in summary:
+            continue
         d = summary[key]
         table.add_row(key.replace("_", " "), _fmt(d["median"]), _fmt(d["p90"]), _fmt(d["worst"]))
     for label, pools in summary.get("saturated_pools", {}).items():

@@ -69,6 +69,8 @@ MAX_LOAD_AFTER_EVENT = 0.92  # no event leaves the pool above this utilisation
 ORACLE_MAX_UTILISATION = 0.97  # the oracle's curves end here: no plan runs a DIP nearer its limit
 PROBE_SHARE = 0.03  # the probe budget a user gives: requests per round worth 3 % of capacity
 BASELINES = ("round_robin", "least_connections", "power_of_two", "wrr_vcpu", "wlc_vcpu")
+REFERENCES = ("oracle", "capacity")  # policies that know the truth: what the best weights could do
+POLICIES = (*BASELINES, *REFERENCES, "knapsack")
 
 
 class PoolGenerator(BaseModel):
@@ -265,6 +267,13 @@ def oracle_plan(pool: Pool, after_event: bool = False, points: int = 48) -> dict
     return {d.name: split.get(d.name, 0.0) for d in pool.dips}
 
 
+def capacity_plan(pool: Pool, after_event: bool = False) -> dict[str, float]:
+    """Each DIP's share of the pool's true capacity (a failed DIP: 0)."""
+    capacity = {d.name: d.vcpus * d.speed_in(after_event) for d in pool.dips}
+    total = sum(capacity.values())
+    return {name: c / total for name, c in capacity.items()}
+
+
 def plan_latency(pool: Pool, weights: Mapping[str, float], after_event: bool = False) -> float:
     """True mean latency of a split (``inf`` if it overloads a DIP)."""
     rate = pool.rate(after_event)
@@ -280,24 +289,27 @@ def plan_latency(pool: Pool, weights: Mapping[str, float], after_event: bool = F
 
 # --- the runs -----------------------------------------------------------------------------------------
 def policy_run(pool: Pool, label: str) -> tuple[Scenario, PolicySpec]:
-    """One policy of the gauge on this pool (a label of ``BASELINES``, ``oracle`` or ``knapsack``):
-    the scenario it runs on and its spec. Only the oracle calls the solver."""
+    """One policy of the gauge on this pool (a label of ``BASELINES``, ``REFERENCES`` or ``knapsack``):
+    the scenario it runs on and its spec. Only the oracle calls the solver; ``capacity`` weights each
+    DIP by its true capacity (vCPUs x speed, re-weighted at the event), the split a perfect capacity
+    estimate would give, in KnapsackLB's data plane."""
     sc = pool.scenario
     checked = {"health_check": {"interval": 2.0, "timeout": 1.0}}
     if label in ("wrr_vcpu", "wlc_vcpu"):  # the scenario's configured weights are the vCPU counts
         name = "weighted_round_robin" if label == "wrr_vcpu" else "weighted_least_connections"
         return sc, PolicySpec.model_validate({"name": name, "label": label, **checked})
-    if label == "oracle":
+    if label in REFERENCES:
         weighted = "weighted_round_robin" if pool.layer == 4 else "weighted_least_connections"
-        before = oracle_plan(pool)
+        truth = oracle_plan if label == "oracle" else capacity_plan
+        before = truth(pool)
         events = [e.model_dump() for e in sc.events]
         if sc.events:
-            after = oracle_plan(pool, after_event=True)
+            after = truth(pool, after_event=True)
             events.append({"at": sc.events[0].at, "kind": "weights", "weights": [after[g.name] for g in sc.dips]})
         oracle = sc.with_changes(dips=[{**g.model_dump(), "weight": before[g.name]} for g in sc.dips], events=events)
-        return oracle, PolicySpec(name=weighted, label="oracle")
+        return oracle, PolicySpec(name=weighted, label=label)
     if label not in (*BASELINES, "knapsack"):
-        raise ValueError(f"unknown gauge policy {label!r} (known: {', '.join((*BASELINES, 'oracle', 'knapsack'))})")
+        raise ValueError(f"unknown gauge policy {label!r} (known: {', '.join(POLICIES)})")
     if label == "knapsack":  # deployed beside an LB weighted by vCPU: it starts from the weights it reads there
         return sc, PolicySpec(name="knapsack")
     equal = sc.with_changes(dips=[{**g.model_dump(), "weight": 1.0} for g in sc.dips])
@@ -523,10 +535,20 @@ def summarise(reports: Sequence[PoolReport]) -> dict[str, Any]:
                             for label in (reports[0].outcomes if reports else ())
                             if all(r.outcomes[label].saturated_windows is not None for r in reports)},
     }
+    if all("capacity" in r.outcomes for r in reports):
+        # the ceiling of learning weights at all: the true capacities against the operator's vCPU weights
+        out["steady_vs_capacity_weights"] = distribution(r.ratio("capacity") for r in reports)
+        out["capacity_weights_vs_vcpu_weights"] = distribution(
+            _ratio(r.outcomes["capacity"].steady_mean_ms, r.outcomes[r.vcpu_weighted()].steady_mean_ms)
+            for r in reports)
     if have_lc:
         out["worse_than_least_connections"] = sum(r.ratio("least_connections") > 1 for r in reports)
         out["worse_than_least_connections_by_5pct"] = sum(r.ratio("least_connections") > 1.05 for r in reports)
     return out
+
+
+def _ratio(mine: float, theirs: float) -> float:
+    return mine / theirs if theirs > 0 else math.nan
 
 
 def _or_nan(value: float | None) -> float:
@@ -541,7 +563,7 @@ def worst_pools(reports: Sequence[PoolReport], count: int = 4) -> list[PoolRepor
 def run_gauge(pools: Sequence[Pool], engine: Literal["sim", "fluid"] = "sim", workers: int | None = None,
               on_done: Callable[[Outcome], None] | None = None) -> list[PoolReport]:
     """Every policy on every pool, in parallel over ``workers`` processes (default: the CPUs)."""
-    labels = FLUID_POLICIES if engine == "fluid" else (*BASELINES, "oracle", "knapsack")
+    labels = FLUID_POLICIES if engine == "fluid" else POLICIES
     fn = run_one_fluid if engine == "fluid" else run_one
     tasks = [(p, label) for p in pools for label in labels]
     # the slow runs first, so that the last minutes are not one process alone

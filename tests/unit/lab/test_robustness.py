@@ -16,10 +16,12 @@ from knapsack_lb.lab.bench.robustness import (
     SATURATED,
     VCPUS,
     PoolGenerator,
+    capacity_plan,
     generate_pool,
     measured_busy,
     oracle_plan,
     plan_latency,
+    policy_run,
     run_one,
     run_one_fluid,
     save_specs,
@@ -50,6 +52,21 @@ def test_every_pool_is_valid_feasible_and_within_the_documented_ranges() -> None
     kinds = {p.event.split()[0] for p in POOLS}
     assert kinds == {"none", "fail", "capacity", "traffic"}, kinds
     assert {p.layer for p in POOLS} == {4, 7} and {p.discipline for p in POOLS} == {"fcfs", "ps"}
+
+
+def test_the_capacity_reference_weights_each_dip_by_its_true_capacity_and_follows_the_event() -> None:
+    failed = next(p for p in POOLS if p.event.startswith("fail"))
+    for pool in (POOLS[0], failed):
+        scenario, spec = policy_run(pool, "capacity")
+        truth = {d.name: d.vcpus * d.speed for d in pool.dips}
+        weights = {g.name: g.weight for g in scenario.dips}
+        assert weights == pytest.approx({n: c / sum(truth.values()) for n, c in truth.items()})
+        assert spec.name == ("weighted_round_robin" if pool.layer == 4 else "weighted_least_connections")
+    after = capacity_plan(failed, after_event=True)
+    dead = [d.name for d in failed.dips if d.speed_after == 0]
+    assert dead and all(after[n] == 0 for n in dead) and sum(after.values()) == pytest.approx(1.0)
+    assert [list(e.weights or ()) for e in policy_run(failed, "capacity")[0].events if e.kind == "weights"] == [
+        [after[d.name] for d in failed.dips]]
 
 
 def test_a_seed_reproduces_its_pools_and_another_seed_does_not() -> None:
