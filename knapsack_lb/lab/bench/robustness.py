@@ -485,10 +485,10 @@ class PoolReport:
     pool: Pool
     outcomes: Mapping[str, Outcome]
 
-    def ratio(self, other: str, steady: bool = True) -> float:
-        """KnapsackLB's mean latency over ``other``'s (best baseline: ``"best"``)."""
+    def ratio(self, other: str, steady: bool = True, of: str = "knapsack") -> float:
+        """``of``'s mean latency (KnapsackLB's by default) over ``other``'s (best baseline: ``"best"``)."""
         key = "steady_mean_ms" if steady else "mean_ms"
-        mine = getattr(self.outcomes["knapsack"], key)
+        mine = getattr(self.outcomes[of], key)
         if not math.isfinite(mine):  # no request succeeded in the window: as bad as it gets
             return math.inf
         if other == "best":
@@ -538,17 +538,12 @@ def summarise(reports: Sequence[PoolReport]) -> dict[str, Any]:
     if all("capacity" in r.outcomes for r in reports):
         # the ceiling of learning weights at all: the true capacities against the operator's vCPU weights
         out["steady_vs_capacity_weights"] = distribution(r.ratio("capacity") for r in reports)
-        out["capacity_weights_vs_vcpu_weights"] = distribution(
-            _ratio(r.outcomes["capacity"].steady_mean_ms, r.outcomes[r.vcpu_weighted()].steady_mean_ms)
-            for r in reports)
+        out["capacity_weights_vs_vcpu_weights"] = distribution(r.ratio(r.vcpu_weighted(), of="capacity")
+                                                               for r in reports)
     if have_lc:
         out["worse_than_least_connections"] = sum(r.ratio("least_connections") > 1 for r in reports)
         out["worse_than_least_connections_by_5pct"] = sum(r.ratio("least_connections") > 1.05 for r in reports)
     return out
-
-
-def _ratio(mine: float, theirs: float) -> float:
-    return mine / theirs if theirs > 0 else math.nan
 
 
 def _or_nan(value: float | None) -> float:
