@@ -30,6 +30,7 @@ FRAMING_HEADERS = frozenset({"content-length", "transfer-encoding", "connection"
 MAX_PROBE_HEADERS = 32
 
 Objective = Literal["mean", "sum", "max"]
+Balancing = Literal["weighted", "least_connections"]
 
 
 class PlanMethod(StrEnum):
@@ -44,6 +45,7 @@ class PlanMethod(StrEnum):
     MEASUREMENT = "measurement"  # a measurement round of Algorithm 1 (section 4.6)
     EQUAL_SPLIT = "equal-split"  # nothing known yet
     CAPACITY_PROPORTIONAL = "capacity-proportional"  # over capacity, or the solver failed
+    RELATIVE_CAPACITY = "relative-capacity"  # behind a least-connections LB: learned relative capacities
     KEPT = "kept"  # the last good plan, restated
 
 
@@ -373,6 +375,12 @@ class VipConfig(BaseModel):
     probe: ProbeSpec = Field(ProbeSpec(), description="How DIPs are probed.")
     adapter: AdapterSpec = Field(AdapterSpec(), description="Where weights are pushed.")
     objective: Objective = Field("mean", description="Solver objective: mean, sum (paper) or max.")
+    balancing: Balancing = Field(
+        "weighted", description="What the load balancer does with the weights: 'weighted' (round robin, random, "
+        "hashing: a weight is a share of the traffic; the solver's latency-minimising shares) or "
+        "'least_connections' (HAProxy leastconn, Nginx least_conn, Envoy LEAST_REQUEST: a weight scales a server's "
+        "connection count; the learned relative capacities, the operator's weights where the rounds do not "
+        "contradict them).")
     paused: bool = Field(False, description="Controller computes nothing for this VIP.")
     dry_run: bool = Field(False, description="Plans are computed and stored but never pushed.")
     pins: dict[str, float] = Field(default_factory=dict, description="DIP name -> fixed weight.")

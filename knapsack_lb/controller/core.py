@@ -78,6 +78,7 @@ from knapsack_lb.controller.estimation import (
     unloaded_latency,
 )
 from knapsack_lb.controller.guard import PlanGuard, Rollback
+from knapsack_lb.controller.least_connections import CapacityInterval, capacity_split
 from knapsack_lb.controller.measurement import DipMeasurement
 from knapsack_lb.controller.rails import apply_rails, capacity_proportional
 from knapsack_lb.controller.scheduling import MeasurementRequest, schedule_round
@@ -87,7 +88,7 @@ from knapsack_lb.controller.traffic import RateReading, TrafficChange, rate_chan
 from knapsack_lb.curves import LatencyCurve
 from knapsack_lb.curves.fitting import fit_curve
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
-from knapsack_lb.model import Measurement, PlanFlag, PlanMethod, VipConfig, WeightPlan
+from knapsack_lb.model import Balancing, Measurement, PlanFlag, PlanMethod, VipConfig, WeightPlan
 from knapsack_lb.names import validate_name
 from knapsack_lb.store import CurveRecord
 
@@ -204,6 +205,7 @@ class VipController:
         self._curves_changed = True
         self._curves_version = 0
         self._solve_cache: tuple[Any, SolveResult] | None = None
+        self._balancing: Balancing = "weighted"  # the VIP's, as of the plan being made
         self._cold_start = False
         self._sync(list(dips), now=0.0)
 
@@ -866,6 +868,7 @@ class VipController:
         changed_cap = abs(cap - dip.w_max) > PLAN_CHANGE_EPSILON
         dip.curve, dip.model, dip.w_max, dip.l0, dip.fitted_at = est.curve.to_dict(), "utilisation", cap, est.s, now
         dip.relaxed = relaxed
+        dip.ceiling = est.ceiling
         dip.points = [(e.weight, e.mean) for e in dip.evidence if e.n > 0][-self.settings.fitting.max_points:]
         dip.fit_error = None
         if changed_cap or reasons:
@@ -942,6 +945,7 @@ class VipController:
         dip.curve = dip.curve_obj().scaled(k).to_dict()
         dip.w_max *= k
         dip.relaxed = [r * k for r in dip.relaxed]
+        dip.ceiling *= k
         dip.points = [(w * k, latency) for w, latency in dip.points]
         dip.drop_points = [(w * k, latency) for w, latency in dip.drop_points]
         self._curves_changed = True
@@ -1283,7 +1287,10 @@ class VipController:
 
     def _solve(self, names: list[str], total: float, pins: Mapping[str, float], objective: str,
                limits: Mapping[str, float] | None = None) -> SolveResult:
-        """The solver on ``names``' curves (caps ``w_max``, or ``limits``), their weights summing to ``total``."""
+        """The solver on ``names``' curves (caps ``w_max``, or ``limits``), their weights summing to ``total``;
+        behind a least-connections LB the DIPs' relative capacities instead (:meth:`_relative_capacities`)."""
+        if self._balancing == "least_connections":
+            return self._relative_capacities(names, total, pins)
         s = self.settings
         entries = []
         for name in names:
@@ -1296,6 +1303,25 @@ class VipController:
                                s.solver.time_limit)
         return self.solver(request)
 
+    def _relative_capacities(self, names: list[str], total: float, pins: Mapping[str, float]) -> SolveResult:
+        """Weights for a least-connections LB (:mod:`~knapsack_lb.controller.least_connections`): the
+        unpinned DIPs' capacities between the learner's confidence bounds (``w_max`` and ``ceiling``),
+        at the operator's split (their start shares) wherever the bounds allow it. The caps that bound
+        the solver's shares do not apply: the LB, not the weight, decides a DIP's share, and a DIP that
+        slows down holds more connections and gets fewer requests. Raises what
+        :func:`capacity_split` raises (no capacity to split by)."""
+        pinned = sum(pins.get(n, 0.0) for n in names)
+        free = {n: CapacityInterval(self.dips[n].w_max, max(self.dips[n].ceiling, self.dips[n].w_max, 1e-9),
+                                    self.dips[n].start_share)
+                for n in names if n not in pins}
+        weights = {n: pins[n] for n in names if n in pins}
+        if free:
+            split = capacity_split(free, total - pinned)
+            weights.update(split.weights)
+        predicted = {n: self.dips[n].curve_obj().latency(w) for n, w in weights.items()}
+        finite = [w * predicted[n] for n, w in weights.items() if math.isfinite(predicted[n])]
+        return SolveResult(weights, predicted, sum(finite) / max(total, 1e-12), PlanMethod.RELATIVE_CAPACITY, 0.0)
+
     def _limit(self, name: str, cap: float) -> float:
         """The most the solver can give a DIP: ``cap``, below its curve's asymptote."""
         return min(cap, self.dips[name].curve_obj().upper_bound * (1 - 1e-3))
@@ -1305,6 +1331,7 @@ class VipController:
         reasons: list[str],
     ) -> WeightPlan | None:
         s = self.settings
+        self._balancing = config.balancing if config is not None else "weighted"
         ready = [n for n in live if self.dips[n].ready]
         # dropped at every weight tried (with no curve anywhere the split is over every live DIP)
         starved = [n for n in live if not self.dips[n].ready] if ready else []
@@ -1320,6 +1347,8 @@ class VipController:
         limits = {n: self._limit(n, self.dips[n].w_max) for n in ready}
         cap_sum = capacity(limits)
         free_total = 1.0 - sum(w for n, w in pins.items() if n in self.dips and n not in ready)
+        if self._balancing == "least_connections":
+            cap_sum = max(cap_sum, free_total)  # the caps bound shares, which the LB sets, not the weights
         if ready and cap_sum < free_total - 1e-9:
             # the pool needs more than the DIPs' caps: widened with room for the solver to choose
             limits, how = self._stretched(limits, [n for n in limits if n not in pins], free_total - pinned)

@@ -310,9 +310,11 @@ def between_round_spread(dips: Iterable[Sequence[RoundEvidence]], tolerance: flo
 @dataclass(frozen=True)
 class Estimate:
     """What the rounds say about one DIP: its curve, its saturation weight (best estimate), the
-    largest weight a plan may give it (``cap``: the lower confidence bound of the saturation) and
-    whether its last round overloaded it. ``relaxed`` holds the caps at the looser confidence levels
-    of ``RELAXED_LEVELS`` (each at least the one before, and ``cap``): a DIP whose saturation is known
+    largest weight a plan may give it (``cap``: the lower confidence bound of the saturation), the
+    upper confidence bound of the saturation (``ceiling``: ``inf`` until a rise is significant, never
+    above a weight that overloaded it) and whether its last round overloaded it. ``relaxed`` holds
+    the caps at the looser confidence levels of ``RELAXED_LEVELS`` (each at least the one before,
+    and ``cap``): a DIP whose saturation is known
     precisely (seen at its knee) gains least from them, one seen only far below its knee more, and
     none passes the backoff below a weight that overloaded it; empty without a fit (rounds at one
     weight, or overloaded at every weight seen)."""
@@ -324,6 +326,7 @@ class Estimate:
     points: int
     dispersion: float = 1.0
     relaxed: tuple[float, ...] = ()
+    ceiling: float = math.inf
 
     @property
     def s(self) -> float:
@@ -392,6 +395,11 @@ class _ShapeVerdict:
     def low(self, z: float) -> float:
         """The lowest plausible saturation at ``z`` standard errors."""
         return min(f.saturation(f.beta + z * math.sqrt(max(f.var_beta * self.dispersion, 0.0)))
+                   for f in self.plausible)
+
+    def high(self, z: float) -> float:
+        """The highest plausible saturation at ``z`` standard errors (``inf`` while no rise is that sure)."""
+        return max(f.saturation(f.beta - z * math.sqrt(max(f.var_beta * self.dispersion, 0.0)))
                    for f in self.plausible)
 
 
@@ -480,12 +488,12 @@ def estimate(
         if not drop_weights or unloaded is None:
             return None
         # overloaded at every weight seen: nothing but the backoff is known
-        return Estimate(UtilisationCurve(unloaded, w_drop, 1.0), w_drop, bound, overloaded, 0)
+        return Estimate(UtilisationCurve(unloaded, w_drop, 1.0), w_drop, bound, overloaded, 0, ceiling=w_drop)
     w_arr = np.asarray(ws)
     if not fits:  # seen at (nearly) no load only: its latency is known, its knee not at all
         cap = 0.0 if overloaded else min(floor, bound)
         curve = UtilisationCurve(min(ls), UNBOUNDED * max(cap, 1e-3), 1.0)
-        return Estimate(curve, math.inf, cap, overloaded, len(bins))
+        return Estimate(curve, math.inf, cap, overloaded, len(bins), ceiling=w_drop)
     shapes = _judge_shapes(fits, len(ws), z)
     saturation = min(shapes.best.saturation(), w_drop)
 
@@ -498,7 +506,8 @@ def estimate(
     top = max((w for w in ws if w > 0), default=0.0)
     curve = curve_from_fit(shapes.best, w_arr, None, saturation=max(saturation, low * 1.01, top * 1.01, 1e-6)
                            if math.isfinite(saturation) else None)
-    return Estimate(curve, saturation, low, overloaded, len(bins), shapes.dispersion, relaxed)
+    return Estimate(curve, saturation, low, overloaded, len(bins), shapes.dispersion, relaxed,
+                    min(shapes.high(z), w_drop))
 
 
 def disagreement(r: RoundEvidence, curve: LatencyCurve, *, z: float, threshold: float, failure_share: float,

@@ -57,6 +57,7 @@ class DipState:
     evidence: list[RoundEvidence] = field(default_factory=list)  # the learner's rounds (learning.method estimate)
     overloaded: bool = False
     relaxed: list[float] = field(default_factory=list)  # its caps at looser confidence levels (the learner)
+    ceiling: float = math.inf  # the upper confidence bound of its saturation weight (the learner)
     dispersion: float = 1.0  # how much more its rounds vary than their own spread says (the learner's fit)
     held: float | None = None  # after a rollback: the weight it may not exceed until ``held_until``
     held_until: float = -math.inf

@@ -38,7 +38,16 @@ from knapsack_lb.clock import SimClock
 from knapsack_lb.controller.core import VipController
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.loop import ControlLoop, Observation, QuantisingSink, fixed, run_now
-from knapsack_lb.model import ApplyResult, DipConfig, Measurement, ProbeSpec, Traffic, VipConfig, WeightPlan
+from knapsack_lb.model import (
+    ApplyResult,
+    Balancing,
+    DipConfig,
+    Measurement,
+    ProbeSpec,
+    Traffic,
+    VipConfig,
+    WeightPlan,
+)
 from knapsack_lb.quantise import quantiser
 from knapsack_lb.rounds import RoundSamples, summarise
 from knapsack_lb.sim.metrics import SimResult
@@ -121,7 +130,8 @@ class KnapsackDriver:
         overrides["loop"] = {"interval": spec.probe_interval, **overrides.get("loop", {})}
         self.settings = settings or ControllerSettings.model_validate(overrides)
         self.vip = vip
-        self.config = VipConfig(name=vip, objective=self.settings.solver.objective,
+        balancing: Balancing = "least_connections" if spec.data_plane == "weighted_least_connections" else "weighted"
+        self.config = VipConfig(name=vip, objective=self.settings.solver.objective, balancing=balancing,
                                 probe=ProbeSpec(requests_per_round=spec.probe_requests, interval=spec.probe_interval,
                                                 timeout=spec.probe_timeout),
                                 dips=tuple(DipConfig(name=n, address=sim_address(i)) for i, n in enumerate(sim.names)))

@@ -61,7 +61,7 @@ from knapsack_lb.solver.oracle import erlang_c, oracle_split
 
 VCPUS = (1, 2, 4, 8, 16)
 SOLVED = frozenset({PlanMethod.EXACT_GREEDY, PlanMethod.EXACT_DP, PlanMethod.EXACT_BISECTION, PlanMethod.ILP,
-                    PlanMethod.ILP_MULTISTEP})
+                    PlanMethod.ILP_MULTISTEP, PlanMethod.RELATIVE_CAPACITY})
 STEADY_SHARE = 0.3  # the steady window: the last 30 % of the run
 SATURATED = 0.99  # a DIP busy this share of a window is at its capacity
 EVENT_AT = 0.5  # an event happens halfway through the run
@@ -329,6 +329,8 @@ class Outcome:
     error_share: float
     wall_seconds: float
     first_solved_s: float | None = None
+    # the plans' highest true utilisation of a DIP after the first solved plan, where a weight is a share (smooth
+    # WRR); behind weighted least connections the LB sets the shares, and the measured busy share (max_busy) counts
     max_utilisation_after: float | None = None
     probe_share: float | None = None
     plans: int | None = None
@@ -399,7 +401,8 @@ def _with_controller(base: Outcome, pool: Pool, plans: Sequence[Mapping[str, Any
     max_util = None
     busy, saturated = base.max_busy, base.saturated_windows
     if solved_at is not None:
-        max_util = max(_true_utilisation(pool, p["weights"], p["time"]) for p in plans if p["time"] >= solved_at)
+        if pool.scenario.knapsack.data_plane == "smooth_wrr":
+            max_util = max(_true_utilisation(pool, p["weights"], p["time"]) for p in plans if p["time"] >= solved_at)
         if series is not None:
             busy, saturated = measured_busy(series, solved_at)
     methods: dict[str, int] = {}

@@ -130,6 +130,23 @@ def test_capacity_of_an_mmc_dip_is_close_and_its_bound_safe() -> None:
     assert est.cap < 0.8  # the lower confidence bound never claims more than the DIP has
 
 
+def test_the_saturation_has_an_upper_bound_once_the_knee_is_seen_and_never_past_a_drop() -> None:
+    """The M/M/c DIP seen at its knee: its saturation (0.8) lies between the confidence bounds, and
+    more noise widens them; a DIP seen only flat has no upper bound; one overloaded at 0.4 none above 0.4."""
+    servers, mu, total = 8, 100.0, 1000.0
+    weights = (0.2, 0.4, 0.55, 0.65, 0.7)
+    knee = estimate([_round(i, w, _mmc(servers, mu, w * total)) for i, w in enumerate(weights)], None, **KW)
+    noisy = estimate([_round(i, w, _mmc(servers, mu, w * total), cv=0.2) for i, w in enumerate(weights)], None,
+                     **KW)
+    assert knee is not None and noisy is not None
+    assert knee.cap < 0.8 < knee.ceiling < math.inf
+    assert noisy.ceiling > knee.ceiling and noisy.cap <= knee.cap
+    flat = estimate([_round(i, 0.2, 0.010) for i in range(3)], 0.010, **KW, floor=0.05)
+    assert flat is not None and flat.ceiling == math.inf
+    dropped = estimate([_round(0, 0.1, 0.010), _round(5, 0.2, 0.011), _round(10, 0.4, 0.2, failed=0.3)], None, **KW)
+    assert dropped is not None and dropped.ceiling <= 0.4
+
+
 def test_a_flat_dip_grows_by_a_bounded_factor_and_the_floor() -> None:
     flat = [_round(i, 0.2, 0.010) for i in range(3)]
     est = estimate(flat, 0.010, **KW, floor=0.05)

@@ -1,0 +1,114 @@
+"""Weights for a load balancer that balances by least connections: the DIPs' relative capacities.
+
+KnapsackLB (NSDI, sections 3 and 4.4) drives a weighted round-robin MUX: a weight is the share of
+the VIP's connections a DIP gets, so the weights that minimise the VIP's mean latency are the
+solver's, a point on every DIP's weight-latency curve. Behind HAProxy ``leastconn``, Nginx
+``least_conn`` or Envoy ``LEAST_REQUEST`` a weight is something else: the LB sends the next
+request to the DIP with the fewest active connections per unit of weight, so a DIP that slows
+down gets fewer requests by itself, and the weight says how many concurrent requests a DIP may
+hold relative to the others - its relative capacity. Pushing the latency-minimising shares there
+skews a feedback loop that already balances: on the gauge's layer-7 pools the solver's shares
+were up to 22 % slower than weights by vCPU, while weights by the true capacities gain a median
+0.4 % over them (docs/results/robustness.md). So behind such an LB the controller sends
+capacities, and only what the rounds prove.
+
+The split. Each DIP has a confidence interval on its saturation weight ``[low, high]`` (the
+learner's lower bound, its cap, and its upper bound: infinite until its knee is seen) and a
+``prior``, its share of the weights the operator had configured (the LB's own split before the
+controller's first plan). The capacity the split gives a DIP is ``scale * prior`` clamped to its
+interval: the operator's weights stand wherever the rounds do not contradict them. ``scale`` (the
+pool's capacity over the VIP's traffic, unknown) is the one the evidence contradicts least: it
+minimises the prior-weighted log distance of ``scale * prior`` outside the intervals, a convex
+piecewise-linear function whose minimum lies at an interval's end. A DIP with no prior (added
+after the controller started) gets its lower bound, the cautious cap the learner grows.
+
+How it fails: it cannot beat the operator's weights where they are already the capacities, and
+it learns a DIP's capacity only as fast as its interval narrows (a DIP that never nears its knee
+keeps its prior). Intervals that contradict every common scale (the operator's weights far from
+the capacities) are resolved in favour of the larger prior mass, and the DIPs outside move to
+their bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from knapsack_lb.errors import InvalidInputError
+
+
+@dataclass(frozen=True)
+class CapacityInterval:
+    """What the rounds say about one DIP's saturation weight, and the operator's share for it."""
+
+    low: float
+    high: float = math.inf
+    prior: float | None = None
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.low) or self.low < 0:
+            raise InvalidInputError("low", self.low, "must be a finite weight >= 0")
+        if math.isnan(self.high) or self.high <= 0:
+            raise InvalidInputError("high", self.high, "must be a weight > 0 (inf: no knee seen)")
+        if self.prior is not None and (not math.isfinite(self.prior) or self.prior < 0):
+            raise InvalidInputError("prior", self.prior, "must be a finite share >= 0")
+
+    def clamp(self, capacity: float) -> float:
+        """``capacity`` moved into the interval (the lower bound wins where the bounds cross)."""
+        return max(min(capacity, self.high), self.low)
+
+    def violation(self, capacity: float) -> float:
+        """How far (in log) ``capacity`` lies outside the interval; 0 inside."""
+        if self.low > 0 and capacity < self.low:
+            return math.log(self.low / capacity)
+        if capacity > self.high:
+            return math.log(capacity / self.high)
+        return 0.0
+
+
+@dataclass(frozen=True)
+class CapacitySplit:
+    """The weights (summing to the total asked for), the scale chosen and how many DIPs the rounds moved."""
+
+    weights: dict[str, float]
+    scale: float
+    moved: tuple[str, ...]
+
+    def describe(self) -> str:
+        moved = ", ".join(self.moved) if self.moved else "none"
+        return f"relative capacities (operator's weights x {self.scale:.3f}, moved by the rounds: {moved})"
+
+
+def best_scale(intervals: Mapping[str, CapacityInterval]) -> float:
+    """The scale that puts ``scale * prior`` least outside the DIPs' intervals (prior-weighted log
+    distance; the smallest of equally good ones); 1 when no DIP has a prior and a finite bound."""
+    with_prior = [iv for iv in intervals.values() if iv.prior]
+    ends = sorted({end / iv.prior for iv in with_prior if iv.prior for end in (iv.low, iv.high)
+                   if 0 < end < math.inf})
+    if not ends:
+        return 1.0
+
+    def cost(scale: float) -> float:
+        return sum(iv.prior * iv.violation(scale * iv.prior) for iv in with_prior if iv.prior)
+
+    return min(ends, key=lambda scale: (round(cost(scale), 12), scale))
+
+
+def capacity_split(intervals: Mapping[str, CapacityInterval], total: float = 1.0) -> CapacitySplit:
+    """Weights in proportion to each DIP's capacity, ``scale * prior`` clamped to its interval
+    (:func:`best_scale`), or its lower bound without a prior; they sum to ``total``. Raises
+    :class:`InvalidInputError` for no DIP, a total outside (0, 1] or capacities that are all zero."""
+    if not intervals:
+        raise InvalidInputError("intervals", intervals, "no DIP to split over")
+    if not 0 < total <= 1:
+        raise InvalidInputError("total", total, "must be in (0, 1]")
+    scale = best_scale(intervals)
+    capacity = {name: iv.clamp(scale * iv.prior) if iv.prior else iv.low for name, iv in intervals.items()}
+    mass = sum(capacity.values())
+    if mass <= 0:
+        raise InvalidInputError("intervals", {n: iv.low for n, iv in intervals.items()},
+                                "every capacity is 0: nothing to split by")
+    moved = tuple(sorted(name for name, iv in intervals.items()
+                         if iv.prior and not math.isclose(capacity[name], scale * iv.prior, rel_tol=1e-9)))
+    return CapacitySplit({name: total * c / mass for name, c in capacity.items()}, scale, moved)
