@@ -73,9 +73,14 @@ def parse_settings(model: type[Settings], raw: Mapping[str, Any], prefix: str = 
 
 @dataclass(frozen=True)
 class CheckResult:
+    """What a read-only check found. ``balancing`` is what the LB does with a weight where the
+    adapter can tell (``weighted``: a share of the traffic; ``least_connections``: a scale on a
+    server's connection count), for ``klb check`` to hold against the VIP's ``balancing``."""
+
     ok: bool
     adapter: str
     detail: str = ""
+    balancing: str | None = None
 
 
 @runtime_checkable

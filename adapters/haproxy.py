@@ -348,7 +348,8 @@ class HAProxyAdapter:
         except HAProxyError as exc:
             return CheckResult(ok=False, adapter=self.name, detail=str(exc))
         return CheckResult(
-            ok=True, adapter=self.name, detail=f"backend {self.backend!r} balance {algo}, runtime weights {weights}"
+            ok=True, adapter=self.name, detail=f"backend {self.backend!r} balance {algo}, runtime weights {weights}",
+            balancing="least_connections" if algo == "leastconn" else "weighted",
         )
 
     def save_state(self) -> None:

@@ -162,6 +162,15 @@ def mapping_mismatch(dips: list[str], carried: Mapping[str, float]) -> str:
     return "; ".join(problems)
 
 
+def balancing_mismatch(vip: str, lb: str | None, detail: str) -> str:
+    """Why the VIP's ``balancing`` does not match what its LB does with a weight (``lb``, None when
+    the adapter cannot tell), or ``""``: the controller's plans mean something else to such an LB."""
+    if lb is None or lb == vip:
+        return ""
+    return (f"the load balancer uses its weights as {lb.replace('_', ' ')} ({detail}) but the VIP's balancing "
+            f"is {vip!r}: set balancing: {lb} on the VIP (or change the LB's algorithm)")
+
+
 async def _check_adapters(config: KlbConfig) -> list[CheckItem]:
     """Each VIP's load balancer, through its adapter's read-only ``check`` (the operator's binaries
     in read-only modes only, e.g. ``nginx -t``; nothing is written, signalled or started)."""
@@ -187,7 +196,8 @@ async def _check_adapters(config: KlbConfig) -> list[CheckItem]:
             ok = bool(result.ok)
             if ok:
                 carried = await asyncio.wait_for(asyncio.to_thread(adapter.read), timeout=15.0)
-                problem = mapping_mismatch([d.name for d in vip.dips], carried)
+                problem = mapping_mismatch([d.name for d in vip.dips], carried) or balancing_mismatch(
+                    vip.balancing, result.balancing, detail)
                 ok, detail = (False, problem) if problem else (True, detail)
             items.append(CheckItem(what, target, ok, detail))
         except Exception as exc:

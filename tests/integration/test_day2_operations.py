@@ -176,3 +176,22 @@ async def test_klb_check_refuses_a_mapping_that_does_not_match_the_lb(
     items = await run_checks(config)
     lb_item = next(i for i in items if i.what == "lb web")
     assert lb_item.ok == (not problem) and problem in lb_item.detail, lb_item
+
+
+async def test_klb_check_refuses_a_vip_whose_balancing_is_not_what_its_lb_does(
+        redis_server: RedisServer, lb: Any) -> None:
+    """The testbeds balance by round robin (HAProxy ``balance roundrobin``, Nginx's default): a VIP
+    that says least connections would have its weights read as relative capacities."""
+    from knapsack_lb.cli.service_commands import run_checks
+    from knapsack_lb.config import parse_config
+
+    vip = {"name": "web", "dips": [{"name": n, "address": lb.backends[n]} for n in NAMES], "adapter": {"lb": "lb"}}
+    items = {}
+    for balancing in ("weighted", "least_connections"):
+        config = parse_config({"redis": {"url": redis_server.url},
+                               "load_balancers": {"lb": {"adapter": lb.adapter_name, "settings": lb.adapter_settings}},
+                               "vips": [{**vip, "balancing": balancing}]}, source="test")
+        items[balancing] = next(i for i in await run_checks(config) if i.what == "lb web")
+    assert items["weighted"].ok, items
+    assert not items["least_connections"].ok
+    assert "set balancing: weighted" in items["least_connections"].detail

@@ -228,6 +228,8 @@ def test_leastconn_ignores_weights_without_concurrency(backends: dict[str, str],
     concurrency, as connections/weight)."""
     with HAProxyTestbed(backends, tmp_path / "leastconn", balance="leastconn") as testbed:
         adapter = _adapter(testbed)
+        check = adapter.check()  # for `klb check`: a weight here scales connection counts
+        assert check.ok and check.balancing == "least_connections", check
         assert adapter.apply(WeightPlan(vip="web", weights=TARGET)).ok
         assert adapter.read_integers() == {"b1": 43, "b2": 128, "b3": 255}
         counts = lb_harness.measure_split(testbed, 300, concurrency=1)
