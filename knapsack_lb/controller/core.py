@@ -141,6 +141,7 @@ class SolveResult:
     objective: float
     method: PlanMethod
     seconds: float
+    note: str = ""  # what the plan's reasons add about how it was made
 
 
 SolverFn = Callable[[SolveRequest], SolveResult]
@@ -1315,12 +1316,14 @@ class VipController:
                                     self.dips[n].start_share)
                 for n in names if n not in pins}
         weights = {n: pins[n] for n in names if n in pins}
-        if free:
-            split = capacity_split(free, total - pinned)
+        split = capacity_split(free, total - pinned) if free else None
+        if split is not None:
             weights.update(split.weights)
         predicted = {n: self.dips[n].curve_obj().latency(w) for n, w in weights.items()}
         finite = [w * predicted[n] for n, w in weights.items() if math.isfinite(predicted[n])]
-        return SolveResult(weights, predicted, sum(finite) / max(total, 1e-12), PlanMethod.RELATIVE_CAPACITY, 0.0)
+        note = split.describe() if split is not None else ""
+        return SolveResult(weights, predicted, sum(finite) / max(total, 1e-12), PlanMethod.RELATIVE_CAPACITY, 0.0,
+                           note)
 
     def _limit(self, name: str, cap: float) -> float:
         """The most the solver can give a DIP: ``cap``, below its curve's asymptote."""
@@ -1356,6 +1359,7 @@ class VipController:
                 reasons = [*reasons, f"the DIPs' caps sum to {cap_sum:.3f} < {free_total:.3f}: {how}"]
             cap_sum = capacity(limits)
         method = ""
+        note = ""  # the solver's word on how, for the reasons
         predicted: dict[str, float] = {}
         objective_value = math.nan
         seconds = 0.0
@@ -1387,7 +1391,7 @@ class VipController:
                     result = self._solve(ready, free_total, pins, objective, limits)
                     self._solve_cache = (key, result)
                 solved, predicted, objective_value = result.weights, result.predicted_latency, result.objective
-                method, seconds = result.method, result.seconds
+                method, seconds, note = result.method, result.seconds, result.note
             except (KnapsackLBError, ValueError, ArithmeticError) as exc:
                 if self.plan is None or not s.rails.keep_last_plan_on_error:
                     solved = capacity_proportional({n: self.dips[n].w_max for n in ready})
@@ -1453,7 +1457,8 @@ class VipController:
             reasons = [*reasons, start]
         if reasons or self._curves_changed or self.plan is None:
             models = sorted({self.dips[n].model for n in ready})
-            reasons = [*reasons, f"solved {len(ready)} curves ({', '.join(models) or 'none'}) with {method}"]
+            how = f"solved {len(ready)} curves ({', '.join(models) or 'none'}) with {method}"
+            reasons = [*reasons, f"{how}: {note}" if note else how]
         for name in weights:
             if name not in predicted and self.dips[name].ready:
                 predicted[name] = self.dips[name].curve_obj().latency(weights[name])

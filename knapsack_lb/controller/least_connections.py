@@ -69,7 +69,7 @@ class CapacityInterval:
 
 @dataclass(frozen=True)
 class CapacitySplit:
-    """The weights (summing to the total asked for), the scale chosen and how many DIPs the rounds moved."""
+    """The weights (summing to the total asked for), the scale chosen and the DIPs the rounds moved off it."""
 
     weights: dict[str, float]
     scale: float

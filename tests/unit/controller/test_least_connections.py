@@ -92,6 +92,7 @@ def test_behind_least_connections_the_controller_sends_capacities_and_moves_the_
     w = plan.weights
     assert sum(w.values()) == pytest.approx(1.0)
     assert w["b"] / w["a"] < 0.98
+    assert "moved by the rounds: b" in plan.reasons[-1]
     assert w["c"] / w["a"] == pytest.approx(2.0, rel=0.03) and w["d"] / w["a"] == pytest.approx(4.0, rel=0.03)
     assert math.isfinite(loop.ctl.dips["b"].ceiling)
     twin = VipController.from_dict(json.loads(json.dumps(loop.ctl.to_dict())), FAST)
