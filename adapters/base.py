@@ -35,7 +35,7 @@ from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-from knapsack_lb.model import ApplyResult, DipConfig, WeightPlan
+from knapsack_lb.model import ApplyResult, Balancing, DipConfig, WeightPlan
 from knapsack_lb.plugins import ADAPTERS, load_plugin, validate_settings
 from knapsack_lb.quantise import Quantised, quantise
 
@@ -80,7 +80,7 @@ class CheckResult:
     ok: bool
     adapter: str
     detail: str = ""
-    balancing: str | None = None
+    balancing: Balancing | None = None
 
 
 @runtime_checkable

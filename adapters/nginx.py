@@ -299,9 +299,8 @@ class NginxAdapter:
         except NginxError as exc:
             return CheckResult(ok=False, adapter=self.name, detail=str(exc))
         detail = f"nginx -t ok; master pid {master}" if master else "nginx -t ok; master pid unknown"
-        balancing = "least_connections" if self.method == "least_conn" else "weighted"
         return CheckResult(ok=True, adapter=self.name, detail=f"{detail}; method {self.method}",
-                           balancing=balancing)
+                           balancing="least_connections" if self.method == "least_conn" else "weighted")
 
     # --- steps ----------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import httpx
 import typer
@@ -32,6 +32,9 @@ from knapsack_lb.config import (
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.names import validate_name
 from knapsack_lb.service.logs import configure_logging
+
+if TYPE_CHECKING:
+    from knapsack_lb.model import Balancing
 
 STORE_CHECK_TIMEOUT = 5.0  # seconds `klb check` and a starting process wait for the store to answer
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="YAML configuration file.")]
@@ -162,7 +165,7 @@ def mapping_mismatch(dips: list[str], carried: Mapping[str, float]) -> str:
     return "; ".join(problems)
 
 
-def balancing_mismatch(vip: str, lb: str | None, detail: str) -> str:
+def balancing_mismatch(vip: Balancing, lb: Balancing | None, detail: str) -> str:
     """Why the VIP's ``balancing`` does not match what its LB does with a weight (``lb``, None when
     the adapter cannot tell), or ``""``: the controller's plans mean something else to such an LB."""
     if lb is None or lb == vip:

@@ -392,15 +392,17 @@ class _ShapeVerdict:
     dispersion: float
     flat: bool
 
+    def _saturations(self, z: float) -> list[float]:
+        """Each plausible shape's saturation with its slope ``z`` standard errors (scaled) steeper."""
+        return [f.saturation(f.beta + z * math.sqrt(max(f.var_beta * self.dispersion, 0.0))) for f in self.plausible]
+
     def low(self, z: float) -> float:
         """The lowest plausible saturation at ``z`` standard errors."""
-        return min(f.saturation(f.beta + z * math.sqrt(max(f.var_beta * self.dispersion, 0.0)))
-                   for f in self.plausible)
+        return min(self._saturations(z))
 
     def high(self, z: float) -> float:
         """The highest plausible saturation at ``z`` standard errors (``inf`` while no rise is that sure)."""
-        return max(f.saturation(f.beta - z * math.sqrt(max(f.var_beta * self.dispersion, 0.0)))
-                   for f in self.plausible)
+        return max(self._saturations(-z))
 
 
 def _dispersion(chi2: float, points: int) -> float:

@@ -83,14 +83,13 @@ class CapacitySplit:
 def best_scale(intervals: Mapping[str, CapacityInterval]) -> float:
     """The scale that puts ``scale * prior`` least outside the DIPs' intervals (prior-weighted log
     distance; the smallest of equally good ones); 1 when no DIP has a prior and a finite bound."""
-    with_prior = [iv for iv in intervals.values() if iv.prior]
-    ends = sorted({end / iv.prior for iv in with_prior if iv.prior for end in (iv.low, iv.high)
-                   if 0 < end < math.inf})
+    with_prior = [(iv, iv.prior) for iv in intervals.values() if iv.prior]
+    ends = sorted({end / prior for iv, prior in with_prior for end in (iv.low, iv.high) if 0 < end < math.inf})
     if not ends:
         return 1.0
 
     def cost(scale: float) -> float:
-        return sum(iv.prior * iv.violation(scale * iv.prior) for iv in with_prior if iv.prior)
+        return sum(prior * iv.violation(scale * prior) for iv, prior in with_prior)
 
     return min(ends, key=lambda scale: (round(cost(scale), 12), scale))
 
