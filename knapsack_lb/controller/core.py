@@ -1384,7 +1384,8 @@ class VipController:
                        "spread in proportion to estimated capacity"]
         else:
             try:
-                key = (tuple(ready), tuple(sorted(pins.items())), objective, free_total, self._curves_version)
+                key = (tuple(ready), tuple(sorted(pins.items())), objective, free_total, self._balancing,
+                       self._curves_version)
                 if self._solve_cache is not None and self._solve_cache[0] == key:
                     result = self._solve_cache[1]
                 else:

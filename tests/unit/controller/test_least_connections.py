@@ -98,3 +98,19 @@ def test_behind_least_connections_the_controller_sends_capacities_and_moves_the_
     twin = VipController.from_dict(json.loads(json.dumps(loop.ctl.to_dict())), FAST)
     assert twin.dips["b"].ceiling == pytest.approx(loop.ctl.dips["b"].ceiling)
     assert twin.dips["a"].ceiling == loop.ctl.dips["a"].ceiling
+
+
+@pytest.mark.parametrize("learner", ["loop", "algorithm1_loop"])
+def test_a_vip_switched_to_least_connections_gets_capacities_on_its_next_step_without_new_rounds(
+        learner: str, request: pytest.FixtureRequest) -> None:
+    """The operator moves the LB to least connections (and says so in the VIP's ``balancing``) between
+    two rounds: the next step sends relative capacities, not the shares solved for the same curves."""
+    loop: Loop = request.getfixturevalue(learner)
+    operator = {"a": 0.125, "b": 0.125, "c": 0.25, "d": 0.5}
+    loop.ctl.observe_lb(operator, 0.0)
+    loop.model.set_weights(operator, 0.0)
+    for _ in range(40):
+        loop.tick(vip_config(list(operator)))
+    assert loop.ctl.plan is not None and loop.ctl.plan.method is not PlanMethod.RELATIVE_CAPACITY
+    plan = loop.ctl.step(loop.lab.now + 5.0, {}, config=vip_config(list(operator), balancing="least_connections"))
+    assert plan is not None and plan.method is PlanMethod.RELATIVE_CAPACITY
