@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,20 +52,29 @@ def ephemeral_port_floor(ranges: Path = EPHEMERAL_RANGE) -> int:
         return LINUX_EPHEMERAL_FLOOR
 
 
-def free_cluster_port(host: str = "127.0.0.1", taken: Sequence[int] = ()) -> int:
-    """A port for a Redis Cluster node: free, with its cluster bus port (port + 10000) free as well
-    and below the ephemeral range, where no outgoing connection can take it before the node binds
-    it; ``taken`` are ports already handed out. ``OSError`` if none is found."""
+def free_listening_port(host: str = "127.0.0.1", taken: Collection[int] = (), offsets: Sequence[int] = (0,)) -> int:
+    """A port for a server the caller is about to start: free on ``host`` with ``port + offset`` free
+    for every one of ``offsets``, none of them in ``taken`` (ports already handed out, whose servers
+    may not have bound yet), and below the ephemeral range, where no outgoing connection can take
+    it before the server binds it. A port the kernel picks (``free_port``) has neither guarantee: two
+    emulators of one testbed were once given the same port, and HAProxy sent one DIP's traffic to
+    another's server for a whole demo. ``OSError`` if none is found."""
     rng = random.Random()
-    bus = CLUSTER_BUS_OFFSET
-    top = max(ephemeral_port_floor() - bus, 12000)  # a kernel with a low floor: a small range, still free-checked
+    top = max(ephemeral_port_floor() - max(offsets), 12000)  # a kernel with a low floor: a small range, free-checked
+    used = set(taken)
     for _ in range(1000):
         port = rng.randrange(10000, top)
-        if port in taken or port + bus in taken or port - bus in taken:
+        if any(port + a - b in used for a in offsets for b in offsets):
             continue
-        if port_is_free(host, port) and port_is_free(host, port + bus):
+        if all(port_is_free(host, port + offset) for offset in offsets):
             return port
-    raise OSError(f"no free pair of ports (port, port + {bus}) found on {host}")
+    raise OSError(f"no free port (with {', '.join(f'+{o}' for o in offsets)}) found on {host}")
+
+
+def free_cluster_port(host: str = "127.0.0.1", taken: Sequence[int] = ()) -> int:
+    """A port for a Redis Cluster node: free, with its cluster bus port (port + 10000) free as well
+    (:func:`free_listening_port`). ``OSError`` if none is found."""
+    return free_listening_port(host, taken, (0, CLUSTER_BUS_OFFSET))
 
 
 def wait_for_port(host: str, port: int, timeout: float = 10.0) -> None:
@@ -88,6 +97,33 @@ def require_binary(name: str, *extra_dirs: str) -> str:
     if found is None:
         raise FileNotFoundError(f"{name} is not installed (make test / make demo install it)")
     return found
+
+
+_LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
+
+
+def listening_sockets(port: int, tables: Sequence[Path] = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))) -> set[int]:
+    """The inodes of the TCP sockets listening on ``port`` in this network namespace (Linux)."""
+    inodes = set()
+    for table in tables:
+        with contextlib.suppress(OSError):
+            for line in table.read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 9 and fields[3] == _LISTEN and int(fields[1].rpartition(":")[2], 16) == port:
+                    inodes.add(int(fields[9]))
+    return inodes
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    """The inodes of the sockets process ``pid`` holds open."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(int(target[8:-1]))
+    return inodes
 
 
 @dataclass
@@ -119,6 +155,25 @@ class ManagedProcess:
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def wait_listening(self, host: str, port: int, timeout: float = 10.0) -> None:
+        """Block until this process holds a listening socket on ``port`` (:func:`listening_sockets`) and
+        a connect to ``host:port`` succeeds. A connect alone is not enough: when another process has
+        the port, it answers while this one is still starting, and this one then fails to bind.
+        ``RuntimeError`` naming the port if the process exits first, ``TimeoutError`` if it does not
+        listen in time."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.alive():
+                code = self.process.returncode if self.process is not None else None
+                raise RuntimeError(f"{' '.join(self.argv[:4])} exited (code {code}) before listening on "
+                                   f"{host}:{port}; see {self.log_path or 'its output'}")
+            if listening_sockets(port) & _socket_inodes(self.pid):
+                with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{' '.join(self.argv[:4])} did not listen on {host}:{port} within {timeout} s")
+            time.sleep(0.02)
 
     def signal(self, sig: int) -> None:
         if self.alive():

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from knapsack_lb.config import KlbConfig, parse_config
 from knapsack_lb.lab.demo.settings import DemoSettings
-from knapsack_lb.lab.procs import ManagedProcess, RedisServer, free_port, wait_for_port
+from knapsack_lb.lab.procs import ManagedProcess, RedisServer, free_listening_port
 from knapsack_lb.lab.testbed.lb_haproxy import BACKEND, HAProxyTestbed
 
 VIP = "demo"
@@ -66,8 +66,10 @@ class DemoTestbed:
         self.redis.stop()
 
     def _start_emulators(self) -> None:
+        taken: list[int] = []
         for name in self.capacity:
-            self.backends[name] = f"127.0.0.1:{free_port()}"
+            taken.append(free_listening_port(taken=taken))
+            self.backends[name] = f"127.0.0.1:{taken[-1]}"
             self._emulators[name] = self._emulator(name)
         for name in self.backends:
             self._wait_for(name)
@@ -85,7 +87,7 @@ class DemoTestbed:
 
     def _wait_for(self, name: str) -> None:
         host, _, listen = self.backends[name].rpartition(":")
-        wait_for_port(host, int(listen), timeout=20.0)
+        self._emulators[name].wait_listening(host, int(listen), timeout=20.0)
 
     def kill_backend(self, name: str) -> None:
         """The DIP's server dies (SIGKILL): its connections break, its port refuses."""

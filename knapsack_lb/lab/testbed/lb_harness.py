@@ -437,7 +437,7 @@ def emulated_backends(
     """Start one emulator backend per name on free loopback ports (subprocesses, stopped on
     exit); yields name -> ``"127.0.0.1:port"``. Fast backends (``workers`` FCFS workers,
     fixed ``service_time``) so that the LB, not the backend, is what is measured."""
-    from knapsack_lb.lab.procs import ManagedProcess, free_port, wait_for_port
+    from knapsack_lb.lab.procs import ManagedProcess, free_listening_port
 
     workdir.mkdir(parents=True, exist_ok=True)
     procs: list[ManagedProcess] = []
@@ -445,7 +445,7 @@ def emulated_backends(
     try:
         for name in names:
             validate_name("backend", name)
-            port = free_port()
+            port = free_listening_port(taken=[int(a.rpartition(":")[2]) for a in addresses.values()])
             argv = [
                 sys.executable,
                 "-m",
@@ -465,9 +465,9 @@ def emulated_backends(
             ]
             procs.append(ManagedProcess(argv, log_path=workdir / f"backend-{name}.log").start())
             addresses[name] = f"127.0.0.1:{port}"
-        for address in addresses.values():
+        for proc, address in zip(procs, addresses.values(), strict=True):
             host, _, port_text = address.rpartition(":")
-            wait_for_port(host, int(port_text), timeout=15.0)
+            proc.wait_listening(host, int(port_text), timeout=15.0)
         yield addresses
     finally:
         for proc in procs:
