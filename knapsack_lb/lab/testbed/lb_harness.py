@@ -441,11 +441,13 @@ def emulated_backends(
 
     workdir.mkdir(parents=True, exist_ok=True)
     procs: list[ManagedProcess] = []
+    ports: list[int] = []
     addresses: dict[str, str] = {}
     try:
         for name in names:
             validate_name("backend", name)
-            port = free_listening_port(taken=[int(a.rpartition(":")[2]) for a in addresses.values()])
+            port = free_listening_port(taken=ports)
+            ports.append(port)
             argv = [
                 sys.executable,
                 "-m",
@@ -465,9 +467,8 @@ def emulated_backends(
             ]
             procs.append(ManagedProcess(argv, log_path=workdir / f"backend-{name}.log").start())
             addresses[name] = f"127.0.0.1:{port}"
-        for proc, address in zip(procs, addresses.values(), strict=True):
-            host, _, port_text = address.rpartition(":")
-            proc.wait_listening(host, int(port_text), timeout=15.0)
+        for proc, port in zip(procs, ports, strict=True):
+            proc.wait_listening("127.0.0.1", port, timeout=15.0)
         yield addresses
     finally:
         for proc in procs:
