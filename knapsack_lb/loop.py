@@ -22,7 +22,9 @@ One :meth:`ControlLoop.tick`:
    taken since the last tick is stamped with its DIP's real share of the VIP's traffic over that
    time (:class:`ShareMeter`): at layer 4 the weights move new connections only, so the share a DIP
    carries lags its weight by the connections' lifetimes, and the learner places each round at the
-   share it really carried;
+   share it really carried. Where the sink times the client requests too (``Sink.timings``: a
+   layer-7 LB), what it timed of each DIP is pooled into that DIP's round
+   (:func:`knapsack_lb.rounds.pool_lb_timings`);
 4. with no plan to push, read the LB back and re-apply the confirmed plan when the LB carries
    something else (an operator edited it, a reload lost runtime weights);
 5. persist the plan, the curves, the state and the confirmed split (:class:`StateSink`), and the
@@ -46,8 +48,9 @@ from typing import Any, Protocol, TypeVar
 from knapsack_lb.controller.core import VipController
 from knapsack_lb.controller.traffic import RateReading
 from knapsack_lb.errors import KnapsackLBError, StalePlanError, short_repr
-from knapsack_lb.model import ApplyResult, Measurement, Traffic, VipConfig, WeightPlan
+from knapsack_lb.model import ApplyResult, Measurement, TimedRequests, Traffic, VipConfig, WeightPlan
 from knapsack_lb.quantise import quantiser
+from knapsack_lb.rounds import pool_lb_timings
 from knapsack_lb.store import InForce, LatencyStore
 
 log = logging.getLogger(__name__)
@@ -109,6 +112,8 @@ class Sink(Protocol):
     async def read(self) -> Mapping[str, float] | None: ...
 
     # optional: ``async def traffic(self) -> Traffic | None`` - what the LB counted per DIP so far
+    # optional: ``async def timings(self) -> Mapping[str, TimedRequests] | None`` - the client requests
+    # the LB timed per DIP since it was last asked (None: it times none)
 
 
 READS_KEPT = 4  # counter reads a round's share may span: the newest and the three before it
@@ -271,6 +276,10 @@ class ControlLoop:
         if rounds and sink is not None:
             rounds = await self._stamp_shares(sink, rounds, now)
             rate = self._shares.reading(now)
+            timings = getattr(sink, "timings", None)
+            timed = await timings() if callable(timings) else None
+            if timed:
+                rounds = pool_lb_timings(rounds, timed)
         outcome.plan = ctl.step(now, rounds, config=config, remeasure=observation.remeasure, rate=rate)
         if outcome.plan is not None and self.state is not None:
             await self.state.put_plan(outcome.plan)
@@ -449,7 +458,8 @@ class QuantisingSink:
     """A load balancer in the lab: weights become the integers the LB kind ``lb`` takes (exactly as
     its adapter rounds them), ``push`` hands the carried split to the model (the simulator's MUXes,
     the fluid model), ``fail_next`` makes the next applies fail with a reason, and ``counters`` are
-    the LB's per-DIP counters as an adapter's ``traffic`` reads them (None: it counts nothing)."""
+    the LB's per-DIP counters as an adapter's ``traffic`` reads them (None: it counts nothing), and
+    ``timed`` the client requests it timed per DIP since the last call (``Sink.timings``; None: none)."""
 
     lb: str
     push: Callable[[dict[str, float]], None]
@@ -457,9 +467,13 @@ class QuantisingSink:
     carried: dict[str, float] = field(default_factory=dict)
     applied: list[tuple[WeightPlan, ApplyResult]] = field(default_factory=list)
     counters: Callable[[], Traffic | None] = lambda: None  # what the LB counted per DIP (``Sink.traffic``)
+    timed: Callable[[], Mapping[str, TimedRequests] | None] = lambda: None  # ``Sink.timings``
 
     async def traffic(self) -> Traffic | None:
         return self.counters()
+
+    async def timings(self) -> Mapping[str, TimedRequests] | None:
+        return self.timed()
 
     async def apply(self, plan: WeightPlan) -> ApplyResult:
         if self.fail_next:

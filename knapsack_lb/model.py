@@ -193,6 +193,7 @@ class Measurement:
     worker: str
     latency_std: float | None = None  # sample standard deviation of the successes (the round's own spread)
     share: float | None = None  # the DIP's share of the VIP's requests over the round, from the LB's counters
+    lb_timed: int = 0  # how many of ``sent`` are client requests the LB timed, not probes (rounds.with_lb_timings)
 
 
     def __post_init__(self) -> None:
@@ -208,6 +209,8 @@ class Measurement:
             )
         if self.share is not None and not (math.isfinite(self.share) and 0.0 <= self.share <= 1.0):
             raise InvalidInputError("share", self.share, "must be a fraction in [0, 1]", dip=self.dip)
+        if not isinstance(self.lb_timed, int) or not 0 <= self.lb_timed <= self.sent:
+            raise InvalidInputError("lb_timed", self.lb_timed, "must be an integer in [0, sent]", dip=self.dip)
 
     @property
     def failures(self) -> int:
@@ -250,7 +253,32 @@ class Measurement:
             worker=str(data.get("worker", "")),
             latency_std=opt("latency_std"),
             share=opt("share"),
+            lb_timed=int(data.get("lb_timed", 0)),
         )
+
+
+@dataclass(frozen=True)
+class TimedRequests:
+    """What a load balancer timed of one DIP's client requests over a round: the ``successes`` and
+    their mean (s) and standard deviation (``None``: not known, e.g. HAProxy's ``rtime`` is a mean
+    only), and the ``failures`` it saw (errors the DIP answered or connections it refused). Only a
+    layer-7 LB has them; the simulator times every request, HAProxy in ``mode http`` keeps a mean."""
+
+    successes: int
+    latency_mean: float | None
+    latency_std: float | None = None
+    failures: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("successes", "failures"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise InvalidInputError(name, value, "must be an integer >= 0")
+        if self.successes and (self.latency_mean is None or not math.isfinite(self.latency_mean)
+                               or self.latency_mean < 0):
+            raise InvalidInputError("latency_mean", self.latency_mean, "must be a finite number of seconds >= 0")
+        if self.latency_std is not None and (not math.isfinite(self.latency_std) or self.latency_std < 0):
+            raise InvalidInputError("latency_std", self.latency_std, "must be a finite number of seconds >= 0")
 
 
 class ProbeSpec(BaseModel):

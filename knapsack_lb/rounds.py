@@ -6,14 +6,21 @@ fluid model, so what the lab measures is what runs live. KnapsackLB section 5 re
 and the sample standard deviation (so every round carries its own standard error) are kept too,
 and failures are timed apart (ELS blog: a fast failure is not fast service, so failure latency
 never mixes into the success latency).
+
+Where the load balancer times the client requests itself (layer 7: the simulator's LB, HAProxy in
+``mode http``), :func:`with_lb_timings` pools what it timed into the round: thousands of requests a
+round instead of a handful of probes, at no load. The probes then fall to their floor (the probe
+budget counts LB-timed requests as probes already sent) and still see failures and the DIPs the LB
+sends nothing.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
-from knapsack_lb.model import Measurement
+from knapsack_lb.model import Measurement, TimedRequests
 
 
 @dataclass
@@ -74,3 +81,44 @@ def summarise(samples: RoundSamples, *, vip: str, dip: str, time: float, weight:
         latency_std=None if mean is None else sample_std(ok, mean),
         share=share,
     )
+
+
+def with_lb_timings(m: Measurement, timed: TimedRequests) -> Measurement:
+    """The round ``m`` with the client requests the LB timed for its DIP over it pooled in: successes
+    and mean exactly (count-weighted), the standard deviation from both groups' sums of squares (the
+    LB's spread, when it gives none, taken to be the probes' relative spread at its mean, else that of
+    exponential service, std = mean), its failures as errors. The percentiles and the failures'
+    latency stay the probes' (a mean cannot be split into ranks); ``lb_timed`` counts what was added.
+    How it fails: nothing timed returns ``m`` unchanged; the pooled mean is only as comparable as the
+    two clocks are (the LB times from itself to the DIP, a probe from its worker)."""
+    added = timed.successes + timed.failures
+    if added == 0:
+        return m
+    n_probe, n_lb = m.successes, timed.successes
+    mean, std = m.latency_mean, m.latency_std
+    if n_lb:
+        assert timed.latency_mean is not None  # TimedRequests checks it
+        lb_mean = timed.latency_mean
+        if timed.latency_std is not None:
+            lb_std = timed.latency_std
+        elif mean and std is not None and n_probe >= 2:
+            lb_std = lb_mean * std / mean
+        else:
+            lb_std = lb_mean
+        if n_probe == 0 or mean is None:
+            mean, std = lb_mean, lb_std if n_lb >= 2 else None
+        else:
+            total = n_probe + n_lb
+            pooled = (n_probe * mean + n_lb * lb_mean) / total
+            squares = ((n_probe - 1) * (std or 0.0) ** 2 + (n_lb - 1) * lb_std**2
+                       + n_probe * n_lb / total * (mean - lb_mean) ** 2)
+            mean, std = pooled, math.sqrt(squares / (total - 1))
+    return replace(m, sent=m.sent + added, successes=n_probe + n_lb, errors=m.errors + timed.failures,
+                   latency_mean=mean, latency_std=std, lb_timed=m.lb_timed + added)
+
+
+def pool_lb_timings(rounds: Mapping[str, Measurement], timings: Mapping[str, TimedRequests],
+                    ) -> dict[str, Measurement]:
+    """Every round of ``rounds`` with what the LB timed for its DIP pooled in (:func:`with_lb_timings`);
+    a DIP the LB timed but the probes did not reach gets no round (a round is the probes' to start)."""
+    return {dip: with_lb_timings(m, timings[dip]) if dip in timings else m for dip, m in rounds.items()}

@@ -165,6 +165,7 @@ class MeasurementOut(BaseModel):
     latency_p99: float | None
     failure_latency_mean: float | None = Field(description="Mean time to a failure (s).")
     worker: str
+    lb_timed: int = Field(0, description="How many of the requests are client requests the LB timed, not probes.")
 
     @classmethod
     def of(cls, m: Measurement) -> MeasurementOut:
@@ -173,7 +174,7 @@ class MeasurementOut(BaseModel):
             successes=m.successes, errors=m.errors, timeouts=m.timeouts,
             latency_mean=finite_or_none(m.latency_mean), latency_p50=finite_or_none(m.latency_p50),
             latency_p90=finite_or_none(m.latency_p90), latency_p99=finite_or_none(m.latency_p99),
-            failure_latency_mean=finite_or_none(m.failure_latency_mean), worker=m.worker,
+            failure_latency_mean=finite_or_none(m.failure_latency_mean), worker=m.worker, lb_timed=m.lb_timed,
         )
 
 

@@ -37,6 +37,11 @@ Bounds per DIP:
   learning). A DIP whose capacity is not known at all is capped at the uniform share;
 * **the floor**: every DIP keeps ``floor`` requests (default 3, at most the uniform share, and at
   most its cap but never below 1) so that failures and changes are still seen;
+* **the LB's timings**: where the LB times the client requests (layer 7), the requests it timed of a
+  DIP in its newest round are samples it gets for free: the water level is over a round's samples
+  (probes and LB-timed), the probes are what a DIP lacks below it, and the VIP's probes shrink by
+  what the LB timed (to every DIP's floor once the LB times more than the total). The floor is
+  raised to what the breaker needs to judge a round (``judged``) less what the LB timed;
 * a **drained** DIP (drained by the operator, failed, or ejected: out of service, probed only to
   see it come back) gets its floor and nothing more.
 
@@ -76,7 +81,8 @@ class DipUncertainty:
     ``spread``: standard deviation / mean of one probe request's latency (``None``: 1).
     ``capacity``: requests per second it can serve, the best estimate (``None``: unknown).
     ``capacity_low``: a lower confidence bound of it (``None``: the same as ``capacity``).
-    ``state``: new (no round yet), measuring, settled, or drained (out of service: floor only)."""
+    ``state``: new (no round yet), measuring, settled, or drained (out of service: floor only).
+    ``lb_timed``: the client requests the LB timed of it in its newest round (0 where the LB times none)."""
 
     name: str
     state: LearningState = "new"
@@ -84,6 +90,7 @@ class DipUncertainty:
     spread: float | None = None
     capacity: float | None = None
     capacity_low: float | None = None
+    lb_timed: int = 0  # client requests the LB timed in its newest round: samples that cost no probe
 
 
 def _known(value: float | None) -> float | None:
@@ -97,13 +104,15 @@ def allocate(
     interval: float,
     load_cap: float = 0.03,
     floor: int = 3,
+    judged: int = 1,
     method: Allocation = "uncertainty",
 ) -> dict[str, int]:
     """Requests per round for each DIP of one VIP (see the module docstring).
 
     ``uniform`` is the VIP's configured ``requests_per_round`` (the total is ``uniform`` x DIPs),
     ``interval`` its probe interval (s), ``load_cap`` the largest share of a DIP's capacity the
-    probes may take, ``floor`` the fewest requests a DIP gets. Raises :class:`InvalidInputError`
+    probes may take, ``floor`` the fewest probes a DIP gets, ``judged`` the fewest requests (probes
+    and LB-timed ones) a round needs to be judged (the breaker's). Raises :class:`InvalidInputError`
     naming the argument when one is out of range or a DIP name repeats."""
     if not isinstance(uniform, int) or uniform < 1:
         raise InvalidInputError("uniform", uniform, "must be an integer >= 1")
@@ -113,6 +122,8 @@ def allocate(
         raise InvalidInputError("load_cap", load_cap, "must be a fraction > 0 and <= 1")
     if not isinstance(floor, int) or floor < 1:
         raise InvalidInputError("floor", floor, "must be an integer >= 1")
+    if not isinstance(judged, int) or judged < 1:
+        raise InvalidInputError("judged", judged, "must be an integer >= 1")
     names = [d.name for d in dips]
     if len(set(names)) != len(names):
         raise InvalidInputError("dips", names, "DIP names must be unique")
@@ -124,9 +135,10 @@ def allocate(
     total = uniform * len(dips)
     high: dict[str, int] = {}
     low: dict[str, int] = {}
+    timed = {d.name: max(0, d.lb_timed) for d in dips}
     for d in dips:
         high[d.name] = max(1, _cap(d, uniform, load_cap * interval))
-        low[d.name] = max(1, min(floor, uniform, high[d.name]))
+        low[d.name] = max(1, min(max(floor, judged - timed[d.name]), uniform, high[d.name]))
         if d.state == "drained":
             high[d.name] = low[d.name]
     spread = {d.name: _known(d.spread) or DEFAULT_SPREAD for d in dips}
@@ -135,14 +147,18 @@ def allocate(
 
     v = np.array([spread[n] for n in names])
     k = np.array([known[n] for n in names])
-    floors = np.array([low[n] for n in names], dtype=float)
-    caps = np.array([high[n] for n in names], dtype=float)
+    m = np.array([timed[n] for n in names], dtype=float)
+    # the water level is over a round's samples: the LB-timed requests are samples the DIP has for free
+    floors = np.array([low[n] for n in names], dtype=float) + m
+    caps = np.array([high[n] for n in names], dtype=float) + m
 
     def share(t: float) -> np.ndarray:
         return np.minimum(caps, np.maximum(floors, v * t - k))
 
     if caps.sum() <= total:
         real = {n: float(high[n]) for n in names}  # every cap binds: the load shrinks, never grows
+    elif floors.sum() >= total:
+        real = {n: float(low[n]) for n in names}  # the LB timed enough: every DIP gets its floor
     else:
         lo, hi = 0.0, 1.0
         while share(hi).sum() < total:
@@ -153,8 +169,8 @@ def allocate(
                 lo = mid
             else:
                 hi = mid
-        real = dict(zip(names, share(hi).tolist(), strict=True))
-    return _integers(real, low, high, total)
+        real = dict(zip(names, (share(hi) - m).tolist(), strict=True))
+    return _integers(real, low, high, max(0, total - int(m.sum())))
 
 
 def _cap(dip: DipUncertainty, uniform: int, per_capacity: float) -> int:

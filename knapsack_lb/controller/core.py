@@ -194,6 +194,9 @@ class VipController:
         self.drain_measured_at: float | None = None
         self.traffic_changed_at = -math.inf  # rounds before it were taken under other traffic: never compared
         self.vip_rates: list[RateReading] = []  # the VIP's request rate per step, where the LB counts requests
+        # per DIP, the client requests the LB timed in its newest round (the probe budget counts them as probes
+        # already sent); not kept with the state: after a restart the first round's budget is the uniform one
+        self.lb_timed: dict[str, int] = {}
         self._drain: DrainProbe | None = None
         self.rounds = 0
         self.measurement_rounds = 0
@@ -236,6 +239,7 @@ class VipController:
         """Advance by one control interval; a new plan, or None to keep the current one. ``rate`` is
         the VIP's request rate since the previous step, when the LB counts requests."""
         self.rounds += 1
+        self.lb_timed.update((name, m.lb_timed) for name, m in observations.items())
         if rate is not None and math.isfinite(rate.rate) and rate.rate >= 0 and rate.seconds > 0:
             window = self.settings.learning.window
             self.vip_rates = [r for r in self.vip_rates if rate.time - r.time <= window] + [rate]
@@ -303,15 +307,17 @@ class VipController:
         before it has one it keeps the uniform share, as with counters.
 
         The floor is ``probe_budget.floor``, raised to the breaker's ``min_requests`` while the
-        breaker is on (a DIP with fewer probes cannot be judged)."""
+        breaker is on (a DIP with fewer requests in a round cannot be judged). Where the LB times the
+        client requests (layer 7) those of a DIP's newest round count as probes already sent: a DIP
+        the LB timed 1000 requests of gets its floor."""
         s = self.settings
-        floor = max(s.probe_budget.floor, s.breaker.min_requests if s.breaker.enabled else 1)
+        judged = s.breaker.min_requests if s.breaker.enabled else 1
         if rate is None:
             budget = config.probe.requests_per_round * len(config.dips)
             rate = budget / (config.probe.interval * s.probe_budget.load_cap)
         return allocate(self.probe_uncertainty(config, rate), uniform=config.probe.requests_per_round,
-                        interval=config.probe.interval, load_cap=s.probe_budget.load_cap, floor=floor,
-                        method=s.probe_budget.allocation)
+                        interval=config.probe.interval, load_cap=s.probe_budget.load_cap,
+                        floor=s.probe_budget.floor, judged=judged, method=s.probe_budget.allocation)
 
     def probe_uncertainty(self, config: VipConfig, rate: float) -> list[DipUncertainty]:
         """What the controller knows of each DIP of ``config`` for the probe budget: its learning state,
@@ -348,7 +354,7 @@ class VipController:
                 low = (dip.w_max if dip.overloaded else max(dip.w_max, weight)) * rate
                 saturation = dip.curve_obj().upper_bound  # Algorithm 1's curves have none: w_max is their estimate
                 best = max(saturation * rate, low) if math.isfinite(saturation) else low
-            out.append(DipUncertainty(name, state, stderr, spread, best, low))
+            out.append(DipUncertainty(name, state, stderr, spread, best, low, self.lb_timed.get(name, 0)))
         return out
 
     # --- state -------------------------------------------------------------------------------

@@ -10,6 +10,9 @@ share of the VIP's traffic from them (at layer 4 it lags the weights by the conn
 lifetimes). The number of probes per DIP is the controller's probe budget when it has one
 (requests at layer 7 give it the VIP's rate, so the 3 % cap on a DIP's probe load holds), else
 ``knapsack.probe_requests``.
+At layer 7 the simulated LB also times every client request it sends (:class:`SimLbTimer`, as
+HAProxy in ``mode http`` does), over the same window as the probes, and the loop pools that into
+each DIP's round; the controller's budget then gives the probes their floor.
 The probe requests are real requests: they queue and are served like client traffic. At the end of
 the interval the round is summarised by the live probes' own function (:func:`knapsack_lb.rounds.summarise`)
 and the one :class:`~knapsack_lb.loop.ControlLoop` ticks: the controller steps, and a plan goes to a
@@ -30,6 +33,7 @@ that phase when comparing steady states. The clock is ``SimClock`` over the engi
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -44,6 +48,7 @@ from knapsack_lb.model import (
     DipConfig,
     Measurement,
     ProbeSpec,
+    TimedRequests,
     Traffic,
     VipConfig,
     WeightPlan,
@@ -69,7 +74,8 @@ class SimKlm:
     """The simulated probes: requests straight to each DIP, one round per interval, summarised
     like the live worker's rounds and stamped with the split the simulated LB carries."""
 
-    def __init__(self, sim: Simulation, vip: str, interval: float, carried: Callable[[], Mapping[str, float]]) -> None:
+    def __init__(self, sim: Simulation, vip: str, interval: float, carried: Callable[[], Mapping[str, float]],
+                 timer: SimLbTimer | None = None) -> None:
         spec = sim.scenario.knapsack
         self.sim = sim
         self.vip = vip
@@ -80,14 +86,19 @@ class SimKlm:
         self.probe_timeout = spec.probe_timeout
         self.probe_window = spec.probe_window
         self.round: list[list[Outcome]] = [[] for _ in sim.names]
+        self.sent = 0  # probe requests scheduled so far
+        self.timer = timer  # the LB's timings, reset when a round's probe window opens
 
     def schedule(self, start: float, budget: Mapping[str, int] | None = None) -> None:
         """Schedule the next round: ``budget`` requests per DIP (by name), else ``probe_requests``."""
         begin = start + self.interval * (1.0 - self.probe_window)
         span = self.interval * self.probe_window
         lb = self.sim.lbs[0]
+        if self.timer is not None:
+            self.sim.engine.at(max(begin, self.sim.engine.now), self.timer.reset)
         for dip, name in enumerate(self.sim.names):
             count = budget.get(name, self.probe_requests) if budget else self.probe_requests
+            self.sent += count
             for i in range(count):
                 at = begin + span * (i + self.rng.random()) / count
                 at = min(at, start + self.interval - self.probe_timeout - 1e-6) if span > self.probe_timeout else at
@@ -120,6 +131,45 @@ class SimKlm:
         return out
 
 
+class SimLbTimer:
+    """What the simulated LB timed of each DIP's client attempts since it was last reset: successes,
+    their sum and sum of squares, failures (any other answer, a timeout included)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.reset()
+
+    def reset(self, _: Any = None) -> None:
+        n = len(self.names)
+        self.successes = [0] * n
+        self.total = [0.0] * n
+        self.squares = [0.0] * n
+        self.failures = [0] * n
+
+    def attempt(self, dip: int, status: str, latency: float) -> None:
+        if status == "ok":
+            self.successes[dip] += 1
+            self.total[dip] += latency
+            self.squares[dip] += latency * latency
+        else:
+            self.failures[dip] += 1
+
+    def take(self) -> dict[str, TimedRequests]:
+        """What was timed per DIP (DIPs with nothing timed left out), then reset."""
+        out = {}
+        for dip, name in enumerate(self.names):
+            n = self.successes[dip]
+            if n == 0 and self.failures[dip] == 0:
+                continue
+            mean = self.total[dip] / n if n else None
+            std = None
+            if n >= 2 and mean is not None:
+                std = math.sqrt(max(0.0, (self.squares[dip] - n * mean * mean) / (n - 1)))
+            out[name] = TimedRequests(n, mean, std, self.failures[dip])
+        self.reset()
+        return out
+
+
 class KnapsackDriver:
     """Attaches a :class:`ControlLoop` (the live one), a simulated KLM and a simulated LB to a simulation."""
 
@@ -136,8 +186,12 @@ class KnapsackDriver:
                                                 timeout=spec.probe_timeout),
                                 dips=tuple(DipConfig(name=n, address=sim_address(i)) for i, n in enumerate(sim.names)))
         self.controller = VipController(vip, sim.names, self.settings, rng=random.Random(f"{sim.seed}/controller"))
-        self.sink = QuantisingSink(spec.lb, self._push, counters=self._counters)
-        self.klm = SimKlm(sim, vip, self.settings.loop.interval, lambda: self.sink.carried)
+        self.timer = SimLbTimer(sim.names) if sim.scenario.lb.layer == 7 else None
+        if self.timer is not None:
+            sim.on_attempt = self.timer.attempt
+        self.sink = QuantisingSink(spec.lb, self._push, counters=self._counters,
+                                   timed=self.timer.take if self.timer is not None else lambda: None)
+        self.klm = SimKlm(sim, vip, self.settings.loop.interval, lambda: self.sink.carried, self.timer)
         clock = SimClock(lambda: sim.engine.now)
         # the LB carries the scenario's configured weights, as its adapter would round them, and the loop
         # reads them before its first step, as the live one does
@@ -234,6 +288,7 @@ def run_knapsack(
     result.series["applies"] = driver.applies
     result.series["operator"] = driver.operator
     result.series["controller_events"] = list(driver.controller.events_log)
+    result.series["probes_sent"] = driver.klm.sent
     return result
 
 

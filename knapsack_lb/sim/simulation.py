@@ -205,6 +205,8 @@ class Simulation:
         self._piggyback = feats.piggyback_inflight
         self._chips = feats.chips
         self.on_window: list[Callable[[float], None]] = []
+        # what the LB sees of each client attempt (DIP, status, seconds from send to answer), at layer 7
+        self.on_attempt: Callable[[int, str, float], None] | None = None
         self._closed_loop = scenario.clients.kind == "closed"
         self._worker_of: dict[int, int] = {}
         self._next_session = 0
@@ -314,7 +316,7 @@ class Simulation:
         req = att.req
         assert req is not None
         session = req.session
-        if status != "ok" or session is None:
+        if status != "ok" or session is None or self.on_attempt is not None:
             self._conclude(att, status)
             return
         self._active -= 1
@@ -383,6 +385,9 @@ class Simulation:
 
     def _conclude(self, att: _Attempt, outcome: Outcome | str) -> None:
         lb = att.lb
+        if self.on_attempt is not None and att.req is not None and att.on_outcome is None:
+            self.on_attempt(att.dip, outcome if isinstance(outcome, str) else outcome.status,
+                            self.engine.now - att.sent_at)
         if isinstance(outcome, str):  # a policy that does not observe: only the status matters
             status = outcome
             req = att.req

@@ -43,7 +43,8 @@ def test_probe_rounds_become_measurements_and_plans_reach_every_lb() -> None:
     first = seen[0]
     assert set(first) == {"fast", "slow"}
     for m in first.values():
-        assert m.sent == 10 and m.successes == 10 and m.latency_mean is not None
+        # 10 probes, and the client requests the layer-7 LB timed over the same window
+        assert m.sent - m.lb_timed == 10 and m.successes == m.sent and m.lb_timed > 10 and m.latency_mean is not None
         assert m.weight == pytest.approx(0.5)  # the equal start
     assert seen[0]["slow"].latency_mean > seen[0]["fast"].latency_mean  # type: ignore[operator]
     assert driver.plans, "the controller produced plans"
@@ -51,6 +52,40 @@ def test_probe_rounds_become_measurements_and_plans_reach_every_lb() -> None:
     assert sum(last.values()) == pytest.approx(1.0)
     for lb in sim.lbs:
         assert lb.weights == pytest.approx([last["fast"], last["slow"]])
+
+
+def test_the_layer7_lb_times_the_client_requests_and_the_probes_fall_to_their_floor() -> None:
+    sc = parse_scenario(scenario(knapsack={"probe_interval": 5.0, "probe_requests": 30}))
+    sim = Simulation(sc, "knapsack", seed=3)
+    driver = KnapsackDriver(sim, vip="klb-test")
+    seen: list[dict[str, Measurement]] = []
+    real_step = driver.controller.step
+
+    def spy(now: float, observations: dict[str, Measurement], **kw: Any) -> Any:
+        seen.append(dict(observations))
+        return real_step(now, observations, **kw)
+
+    driver.controller.step = spy  # type: ignore[method-assign, assignment]
+    driver.start()
+    sim.run()
+    floor = driver.settings.probe_budget.floor
+    later = [m for rounds in seen[1:] for m in rounds.values()]
+    # the LB timed more requests a round than the VIP's whole probe budget: every later round's probes are the floor
+    assert later and all(m.lb_timed > 30 and m.sent - m.lb_timed == floor for m in later)
+    assert driver.klm.sent == 2 * 30 + 11 * 2 * floor
+    # at equal weights the pooled rounds rank the DIPs as their clients see them
+    assert seen[0]["slow"].latency_mean > seen[0]["fast"].latency_mean  # type: ignore[operator]
+
+
+def test_a_layer4_lb_times_nothing() -> None:
+    sc = parse_scenario(scenario(clients={"kind": "sessions", "load": 0.5, "requests_per_session": 5, "count": 200,
+                                          "think_time": 0.1}, lb={"layer": 4}))
+    sim = Simulation(sc, "knapsack", seed=3)
+    driver = KnapsackDriver(sim, vip="klb-test")
+    driver.start()
+    sim.run()
+    assert driver.timer is None and sim.on_attempt is None
+    assert driver.klm.sent == 10 * 2 * 12
 
 
 def test_the_loop_starts_from_the_configured_weights_as_the_lb_rounds_them() -> None:

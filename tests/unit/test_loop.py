@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ from knapsack_lb.loop import (
     split_distance,
     with_shares,
 )
-from knapsack_lb.model import Measurement, Traffic, VipConfig, WeightPlan
+from knapsack_lb.model import Measurement, TimedRequests, Traffic, VipConfig, WeightPlan
 from knapsack_lb.quantise import QUANTISERS
 from knapsack_lb.store.memory import MemoryLatencyStore
 from tests.unit.controller.loop import ALGORITHM1, FAST, small_pool
@@ -456,3 +457,27 @@ async def test_a_dip_removed_from_the_vip_leaves_no_stale_curve_in_the_store() -
     lab.config = vip_config("vip", ["a", "b", "c"])
     await _tick(lab, loop, 3)
     assert set(await loop.state.curves("vip")) == {"a", "b", "c"}
+
+
+async def test_what_the_lb_timed_is_pooled_into_the_rounds_and_the_next_probes_shrink() -> None:
+    lab, loop, sink = _lab_loop()
+    asked: list[float] = []
+
+    async def timings() -> dict[str, TimedRequests]:
+        asked.append(lab.now)
+        return {"a": TimedRequests(500, 0.02, 0.02, failures=5)}
+
+    sink.timings = timings  # type: ignore[union-attr]
+    seen: list[dict[str, Measurement]] = []
+    real_step = loop.controller.step
+
+    def spy(now: float, observations: dict[str, Measurement], **kw: Any) -> Any:
+        seen.append(dict(observations))
+        return real_step(now, observations, **kw)
+
+    loop.controller.step = spy  # type: ignore[method-assign, assignment]
+    await _tick(lab, loop, 2)
+    assert asked and seen[-1]["a"].lb_timed == 505 and seen[-1]["a"].errors >= 5
+    assert all(m.lb_timed == 0 for name, m in seen[-1].items() if name != "a")
+    assert loop.budget is not None and loop.budget["a"] == loop.controller.settings.probe_budget.floor
+    assert loop.budget["a"] < min(v for name, v in loop.budget.items() if name != "a")

@@ -411,7 +411,10 @@ def _with_controller(base: Outcome, pool: Pool, plans: Sequence[Mapping[str, Any
         methods[str(p["method"])] = methods.get(str(p["method"]), 0) + 1
         for f in p["flags"]:
             flags[str(f)] = flags.get(str(f), 0) + 1
-    probe_rate = len(pool.dips) * pool.probe_requests / pool.scenario.knapsack.probe_interval
+    if series is not None and "probes_sent" in series:  # what the probes really sent (the LB's timings lower it)
+        probe_rate = series["probes_sent"] / pool.scenario.duration
+    else:
+        probe_rate = len(pool.dips) * pool.probe_requests / pool.scenario.knapsack.probe_interval
     last = tuple(str(r) for r in plans[-1]["reasons"])[:6] if plans else ()
     return Outcome(**{**asdict(base), "first_solved_s": solved_at, "max_utilisation_after": max_util,
                       "max_busy": busy, "saturated_windows": saturated,

@@ -113,3 +113,28 @@ def test_nonsense_counts_as_unknown_and_bad_arguments_are_named() -> None:
         allocate(dips, uniform=0, interval=5.0)
     with pytest.raises(InvalidInputError, match="dips"):
         allocate([DipUncertainty("a"), DipUncertainty("a")], uniform=5, interval=5.0)
+
+
+def test_requests_the_lb_timed_count_as_probes_already_sent() -> None:
+    # equal uncertainty: the water level is over a round's samples, so the DIP the LB timed 50 requests of
+    # gets 50 probes fewer, and the VIP's probes shrink by as many
+    dips = [_settled("timed", 0.2, lb_timed=50), _settled("untimed", 0.2)]
+    assert allocate(dips, uniform=100, interval=5.0) == {"timed": 50, "untimed": 100}
+    # the LB timed more than the VIP's whole budget: every DIP its floor, the one it sends nothing too
+    dips = [_settled("a", 0.2, lb_timed=900), _settled("b", 0.2, lb_timed=400), _settled("c", 0.2)]
+    assert allocate(dips, uniform=100, interval=5.0) == dict.fromkeys("abc", 3)
+    # a few timed requests lower every DIP's probes by as many
+    dips = [_settled(n, 0.2, lb_timed=10) for n in "abc"]
+    assert allocate(dips, uniform=20, interval=5.0) == dict.fromkeys("abc", 10)
+
+
+def test_the_breakers_floor_counts_the_lb_timed_requests() -> None:
+    dips = [_settled("timed", 0.2, lb_timed=8), _settled("probed", 0.2)]
+    budget = allocate(dips, uniform=3, interval=5.0, floor=3, judged=10)
+    # the breaker judges a round of 10 requests: "probed" needs them all from probes, "timed" only 3 more
+    # (the floor), and neither gets more than the uniform share's cap allows
+    assert budget == {"timed": 3, "probed": 3}
+    budget = allocate(dips, uniform=20, interval=5.0, floor=3, judged=10)
+    assert budget["timed"] >= 3 and budget["probed"] >= 10
+    with pytest.raises(InvalidInputError, match="judged"):
+        allocate(dips, uniform=5, interval=5.0, judged=0)
