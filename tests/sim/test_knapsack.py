@@ -10,6 +10,7 @@ from knapsack_lb.model import Measurement
 from knapsack_lb.sim.knapsack import KnapsackDriver
 from knapsack_lb.sim.simulation import Simulation
 from knapsack_lb.sim.spec import parse_scenario
+from tests.unit.controller.loop import record_steps
 
 
 def scenario(**changes: Any) -> dict[str, Any]:
@@ -29,14 +30,7 @@ def test_probe_rounds_become_measurements_and_plans_reach_every_lb() -> None:
     sc = parse_scenario(scenario(lb={"instances": 3}))
     sim = Simulation(sc, "knapsack", seed=1)
     driver = KnapsackDriver(sim, vip="klb-test")
-    seen: list[dict[str, Measurement]] = []
-    real_step = driver.controller.step
-
-    def spy(now: float, observations: dict[str, Measurement], **kw: Any) -> Any:
-        seen.append(dict(observations))
-        return real_step(now, observations, **kw)
-
-    driver.controller.step = spy  # type: ignore[method-assign, assignment]
+    seen = record_steps(driver.controller)
     driver.start()
     sim.run()
     assert len(seen) == 12  # every 5 s for 60 s
@@ -58,14 +52,7 @@ def test_the_layer7_lb_times_the_client_requests_and_the_probes_fall_to_their_fl
     sc = parse_scenario(scenario(knapsack={"probe_interval": 5.0, "probe_requests": 30}))
     sim = Simulation(sc, "knapsack", seed=3)
     driver = KnapsackDriver(sim, vip="klb-test")
-    seen: list[dict[str, Measurement]] = []
-    real_step = driver.controller.step
-
-    def spy(now: float, observations: dict[str, Measurement], **kw: Any) -> Any:
-        seen.append(dict(observations))
-        return real_step(now, observations, **kw)
-
-    driver.controller.step = spy  # type: ignore[method-assign, assignment]
+    seen = record_steps(driver.controller)
     driver.start()
     sim.run()
     floor = driver.settings.probe_budget.floor

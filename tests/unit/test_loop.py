@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 import pytest
 
@@ -28,7 +27,7 @@ from knapsack_lb.loop import (
 from knapsack_lb.model import Measurement, TimedRequests, Traffic, VipConfig, WeightPlan
 from knapsack_lb.quantise import QUANTISERS
 from knapsack_lb.store.memory import MemoryLatencyStore
-from tests.unit.controller.loop import ALGORITHM1, FAST, small_pool
+from tests.unit.controller.loop import ALGORITHM1, FAST, record_steps, small_pool
 
 
 class TruthSource:
@@ -468,14 +467,7 @@ async def test_what_the_lb_timed_is_pooled_into_the_rounds_and_the_next_probes_s
         return {"a": TimedRequests(500, 0.02, 0.02, failures=5)}
 
     sink.timings = timings  # type: ignore[union-attr]
-    seen: list[dict[str, Measurement]] = []
-    real_step = loop.controller.step
-
-    def spy(now: float, observations: dict[str, Measurement], **kw: Any) -> Any:
-        seen.append(dict(observations))
-        return real_step(now, observations, **kw)
-
-    loop.controller.step = spy  # type: ignore[method-assign, assignment]
+    seen = record_steps(loop.controller)
     await _tick(lab, loop, 2)
     assert asked and seen[-1]["a"].lb_timed == 505 and seen[-1]["a"].errors >= 5
     assert all(m.lb_timed == 0 for name, m in seen[-1].items() if name != "a")

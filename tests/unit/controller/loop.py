@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from knapsack_lb.controller.core import VipController
 from knapsack_lb.controller.settings import ControllerSettings, SolverSettings
 from knapsack_lb.lab.fluid import FluidDip, FluidLab, FluidModel
 from knapsack_lb.lab.fluid import vip_config as lab_vip_config
 from knapsack_lb.loop import ControlLoop
-from knapsack_lb.model import VipConfig, WeightPlan
+from knapsack_lb.model import Measurement, VipConfig, WeightPlan
 
 FAST = ControllerSettings(solver=SolverSettings(units=20_000))
 ALGORITHM1 = FAST.tuned(learning={"method": "algorithm1"})  # the paper's measurement phase (section 4.3)
@@ -63,3 +65,16 @@ def small_pool() -> list[FluidDip]:
 
 def vip_config(names: list[str], **overrides: object) -> VipConfig:
     return lab_vip_config("vip", names, **overrides)
+
+
+def record_steps(ctl: VipController) -> list[dict[str, Measurement]]:
+    """Every round set ``ctl.step`` is given from now on, in order (the controller steps as before)."""
+    seen: list[dict[str, Measurement]] = []
+    real_step = ctl.step
+
+    def step(now: float, observations: dict[str, Measurement], **kw: Any) -> WeightPlan | None:
+        seen.append(dict(observations))
+        return real_step(now, observations, **kw)
+
+    ctl.step = step  # type: ignore[method-assign, assignment]
+    return seen
