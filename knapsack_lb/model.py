@@ -260,9 +260,10 @@ class Measurement:
 @dataclass(frozen=True)
 class TimedRequests:
     """What a load balancer timed of one DIP's client requests over a round: the ``successes`` and
-    their mean (s) and standard deviation (``None``: not known, e.g. HAProxy's ``rtime`` is a mean
-    only), and the ``failures`` it saw (errors the DIP answered or connections it refused). Only a
-    layer-7 LB has them; the simulator times every request, HAProxy in ``mode http`` keeps a mean."""
+    their mean (s) and standard deviation (``None``: not known, a source that keeps a mean only), and
+    the ``failures`` it saw (errors the DIP answered or connections it refused). Only a layer-7 LB
+    has them: the simulator's times every request; the live adapters report none yet (docs/probes.md,
+    "What the LB timed")."""
 
     successes: int
     latency_mean: float | None

@@ -7,8 +7,8 @@ and the sample standard deviation (so every round carries its own standard error
 and failures are timed apart (ELS blog: a fast failure is not fast service, so failure latency
 never mixes into the success latency).
 
-Where the load balancer times the client requests itself (layer 7: the simulator's LB, HAProxy in
-``mode http``), :func:`with_lb_timings` pools what it timed into the round: thousands of requests a
+Where the load balancer times the client requests itself (layer 7: the simulator's LB; no live
+adapter reports timings yet), :func:`with_lb_timings` pools what it timed into the round: thousands of requests a
 round instead of a handful of probes, at no load. The probes then fall to their floor (the probe
 budget counts LB-timed requests as probes already sent) and still see failures and the DIPs the LB
 sends nothing.

@@ -11,7 +11,7 @@ lifetimes). The number of probes per DIP is the controller's probe budget when i
 (requests at layer 7 give it the VIP's rate, so the 3 % cap on a DIP's probe load holds), else
 ``knapsack.probe_requests``.
 At layer 7 the simulated LB also times every client request it sends (:class:`SimLbTimer`, as
-HAProxy in ``mode http`` does), over the same window as the probes, and the loop pools that into
+HAProxy's log times each request's response, ``Tr``), over the same window as the probes, and the loop pools that into
 each DIP's round; the controller's budget then gives the probes their floor.
 The probe requests are real requests: they queue and are served like client traffic. At the end of
 the interval the round is summarised by the live probes' own function (:func:`knapsack_lb.rounds.summarise`)
