@@ -216,7 +216,7 @@ class RedisServer:
         return f"redis://{self.host}:{self.port}/0"
 
     def start(self) -> RedisServer:
-        self.port = self.port or free_port(self.host)
+        self.port = self.port or free_listening_port(self.host)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._proc = ManagedProcess(
             [require_binary("redis-server"), "--port", str(self.port), "--bind", self.host, "--save", "",

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from knapsack_lb.api import create_app
 from knapsack_lb.clock import SystemClock
 from knapsack_lb.config import ApiSettings, LoadBalancerConfig
-from knapsack_lb.lab.procs import RedisServer, free_port, wait_for_port
+from knapsack_lb.lab.procs import RedisServer, free_listening_port, wait_for_port
 from knapsack_lb.store import LatencyStore
 from tests.api.seed import seed_store
 
@@ -81,7 +81,7 @@ class LiveServer:
 @contextlib.contextmanager
 def live_server(redis_url: str, namespace: str, token: str | None = TOKEN, seed: bool = True,
                 **settings: object) -> Iterator[LiveServer]:
-    port = free_port()
+    port = free_listening_port()
     ready = threading.Event()
     holder: dict[str, uvicorn.Server] = {}
     errors: list[BaseException] = []

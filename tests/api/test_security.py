@@ -30,7 +30,7 @@ from knapsack_lb.cli.main import app as cli
 from knapsack_lb.clock import FakeClock
 from knapsack_lb.config import ConfigError, LoadBalancerConfig, parse_config
 from knapsack_lb.controller.settings import ControllerSettings, LoopSettings
-from knapsack_lb.lab.procs import RedisServer, free_port
+from knapsack_lb.lab.procs import RedisServer, free_listening_port
 from knapsack_lb.model import WeightPlan
 from knapsack_lb.service.adapters import adapter_factory
 from knapsack_lb.service.controller import ControllerService
@@ -178,7 +178,7 @@ async def test_dns_settings_from_the_api_cannot_send_the_environment_anywhere(
 
 
 async def test_envoy_xds_from_the_api_opens_no_listener(client: httpx.AsyncClient) -> None:
-    port = free_port()
+    port = free_listening_port()
     settings = {"mode": "xds", "cluster": "web", "xds_listen": f"127.0.0.1:{port}"}
     await _refused(client, {"name": "evil", "dips": DIPS, "adapter": {"name": "envoy", "settings": settings}},
                    ["body", "adapter"])
@@ -192,7 +192,7 @@ async def test_an_operators_xds_server_stops_when_its_vip_is_deleted(redis_serve
     while a VIP it owns uses it."""
     from tests.api.conftest import make_store
 
-    port = free_port()
+    port = free_listening_port()
     lbs = {"envoy": LoadBalancerConfig(adapter="envoy", settings={"mode": "xds", "cluster": "web",
                                                                   "xds_listen": f"127.0.0.1:{port}"})}
     config = parse_config({"load_balancers": {k: v.model_dump() for k, v in lbs.items()},

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from knapsack_lb.lab.procs import ManagedProcess, free_port, wait_for_port
+from knapsack_lb.lab.procs import ManagedProcess, free_listening_port, wait_for_port
 from knapsack_lb.lab.testbed.emulator import Emulator, EmulatorConfig, EmulatorFleet
 from knapsack_lb.lab.testbed.realtime import scheduler_name
 
@@ -90,7 +90,7 @@ def test_connection_close_is_honoured() -> None:
 
 
 def test_runs_as_a_subprocess_and_stops_on_sigterm(tmp_path: object) -> None:
-    port = free_port()
+    port = free_listening_port()
     argv = [sys.executable, "-m", "knapsack_lb.lab.testbed.emulator", "--name", "sub", "--port", str(port),
             "--mode", "ps", "--service-time", "0.005", "--distribution", "lognormal", "--duration", "30"]
     with ManagedProcess(argv) as proc:
@@ -103,7 +103,7 @@ def test_runs_as_a_subprocess_and_stops_on_sigterm(tmp_path: object) -> None:
 
 @pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="needs sched_getscheduler (Linux)")
 def test_realtime_priority_is_applied_or_refused_with_a_warning(tmp_path: Path) -> None:
-    port = free_port()
+    port = free_listening_port()
     log = tmp_path / "emulator.log"
     argv = [sys.executable, "-m", "knapsack_lb.lab.testbed.emulator", "--name", "rt", "--port", str(port),
             "--service-time", "0.002", "--distribution", "fixed", "--spin-limit", "0.0005",

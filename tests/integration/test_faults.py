@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from knapsack_lb.lab.procs import RedisServer, free_port
+from knapsack_lb.lab.procs import RedisServer, free_listening_port
 from knapsack_lb.lab.testbed.emulator import EmulatorConfig, EmulatorFleet
 from knapsack_lb.service.controller import LEASE_GROUP
 from knapsack_lb.store import CONTROLLER_STATUS
@@ -120,7 +120,7 @@ def test_separate_probe_and_controller_keep_running_through_a_redis_outage(
 
 
 def test_every_component_waits_for_redis_at_start(backends: EmulatorFleet, tmp_path: Path) -> None:
-    redis = RedisServer(tmp_path / "redis", port=free_port(), persistent=True)
+    redis = RedisServer(tmp_path / "redis", port=free_listening_port(), persistent=True)
     run = klb("run", "--config", str(write_config(tmp_path, redis.url, backends)))
     try:
         time.sleep(3.0)

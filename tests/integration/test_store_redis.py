@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from knapsack_lb.errors import InvalidInputError, StalePlanError, StoreUnavailableError
-from knapsack_lb.lab.procs import ManagedProcess, free_port, require_binary, wait_for_port
+from knapsack_lb.lab.procs import ManagedProcess, free_listening_port, free_port, require_binary, wait_for_port
 from knapsack_lb.model import DipConfig, Measurement, ProbeSpec, VipConfig, WeightPlan
 from knapsack_lb.store import CurveRecord, LatencyStore
 from knapsack_lb.store.memory import MemoryLatencyStore
@@ -286,7 +286,7 @@ async def test_one_round_trip_for_a_round_and_for_a_snapshot(redis_target: Redis
 
 
 async def test_acknowledged_writes_survive_a_redis_crash_with_appendonly(tmp_path: Path) -> None:
-    port = free_port()
+    port = free_listening_port()
     argv = [require_binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(tmp_path)]
     url = f"redis://127.0.0.1:{port}/0"

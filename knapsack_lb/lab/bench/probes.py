@@ -62,7 +62,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from knapsack_lb.lab.procs import ManagedProcess, RedisServer, free_port, wait_for_port
+from knapsack_lb.lab.procs import ManagedProcess, RedisServer, free_listening_port, wait_for_port
 from knapsack_lb.lab.testbed.neighbours import NoisyNeighbours
 from knapsack_lb.lab.testbed.queueing import PUNCTUAL_SPIN_LIMIT
 from knapsack_lb.model import DipConfig, Measurement, ProbeSpec, VipConfig
@@ -81,10 +81,8 @@ def _start_emulators(count: int, service_time: float, workdir: Path, per_process
                      spin_limit: float | None = None,
                      realtime_priority: int | None = None) -> tuple[list[ManagedProcess], list[int]]:
     ports: list[int] = []
-    while len(ports) < count:  # the kernel may hand out a just-freed port again: hundreds of draws collide
-        port = free_port()
-        if port not in ports:
-            ports.append(port)
+    while len(ports) < count:
+        ports.append(free_listening_port(taken=ports))
     procs: list[ManagedProcess] = []
     try:
         _launch_emulators(procs, ports, service_time, workdir, per_process, spin_limit, realtime_priority)

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from adapters.envoy import build_assignment, discovery_response, envoy_binary, validate_assignment, write_atomically
-from knapsack_lb.lab.procs import ManagedProcess, free_port, wait_for_port
+from knapsack_lb.lab.procs import ManagedProcess, free_listening_port, wait_for_port
 from knapsack_lb.lab.testbed.lb_harness import HttpSender, Sender
 from knapsack_lb.names import parse_address, validate_name
 
@@ -185,8 +185,8 @@ class EnvoyTestbed:
 
     def __enter__(self) -> EnvoyTestbed:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.listen_port = free_port(self.host)
-        self.admin_port = free_port(self.host)
+        self.listen_port = free_listening_port(self.host)
+        self.admin_port = free_listening_port(self.host, taken=[self.listen_port])
         try:
             self._prepare()
             self._start()
@@ -308,7 +308,7 @@ class EnvoyXdsTestbed(EnvoyTestbed):
     def _prepare(self) -> None:
         from adapters.envoy_xds import EdsServer
 
-        self.xds_port = free_port(self.host)
+        self.xds_port = free_listening_port(self.host, taken=[self.listen_port, self.admin_port])
         self._server = EdsServer.shared(self.host, self.xds_port)
         self._server.push(self.cluster, validate_assignment(self.initial_assignment(), self.cluster), timeout=0.0)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-from knapsack_lb.lab.procs import ManagedProcess, free_port, require_binary, wait_for_port
+from knapsack_lb.lab.procs import ManagedProcess, free_listening_port, require_binary, wait_for_port
 from knapsack_lb.lab.testbed.lb_harness import HttpSender
 from knapsack_lb.names import parse_address, validate_name
 
@@ -85,14 +85,14 @@ class HAProxyTestbed:
 
     def __enter__(self) -> HAProxyTestbed:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.port = free_listening_port()
         if self.admin == "unix":
             self.socket_path = str(self.workdir / "admin.sock")
             if len(self.socket_path) > UNIX_PATH_MAX:
                 self._tmpdir = tempfile.TemporaryDirectory(prefix="klb-hx-")
                 self.socket_path = str(Path(self._tmpdir.name) / "admin.sock")
         else:
-            self.admin_port = free_port()
+            self.admin_port = free_listening_port(taken=[self.port])
         self.config_path.write_text(self.render_config())
         # A state file an earlier run left here holds that run's servers (ports, runtime weights); HAProxy
         # would load it and send traffic to backends that are gone (a second `make demo` answered nothing).

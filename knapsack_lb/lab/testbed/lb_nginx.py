@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import Any
 
 from adapters.nginx import render_upstream
-from knapsack_lb.lab.procs import ManagedProcess, free_port, require_binary, wait_for_port
+from knapsack_lb.lab.procs import ManagedProcess, free_listening_port, require_binary, wait_for_port
 from knapsack_lb.lab.testbed.lb_harness import HttpSender
 from knapsack_lb.names import parse_address, validate_name
 
@@ -118,7 +118,7 @@ http {{
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "tmp").mkdir(exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
-        self.port = free_port()
+        self.port = free_listening_port()
         equal = dict.fromkeys(self.backends, 1)
         self.include_path.write_text(
             render_upstream(UPSTREAM, self.backends, equal, method=self.method, keepalive=self.upstream_keepalive)

@@ -30,7 +30,7 @@ import dns.rcode
 import dns.rdatatype
 import httpx
 
-from knapsack_lb.lab.procs import ManagedProcess, free_port, require_binary, wait_for_port
+from knapsack_lb.lab.procs import ManagedProcess, free_listening_port, require_binary, wait_for_port
 from knapsack_lb.lab.testbed.lb_harness import RequestFailed, Sender
 from knapsack_lb.names import validate_name
 
@@ -104,8 +104,8 @@ class PdnsServer:
         with sqlite3.connect(database) as connection:
             connection.executescript(sqlite_schema())
         connection.close()
-        self.dns_port = free_port(self.host)
-        self.api_port = free_port(self.host)
+        self.dns_port = free_listening_port(self.host)
+        self.api_port = free_listening_port(self.host, taken=[self.dns_port])
         conf = pdns_config(workdir=self.workdir, dns_port=self.dns_port, api_port=self.api_port, api_key=self.api_key)
         (self.workdir / "pdns.conf").write_text(conf, encoding="utf-8")
         log = self.workdir / "pdns.log"
