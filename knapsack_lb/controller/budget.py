@@ -157,8 +157,6 @@ def allocate(
 
     if caps.sum() <= total:
         real = {n: float(high[n]) for n in names}  # every cap binds: the load shrinks, never grows
-    elif floors.sum() >= total:
-        real = {n: float(low[n]) for n in names}  # the LB timed enough: every DIP gets its floor
     else:
         lo, hi = 0.0, 1.0
         while share(hi).sum() < total:
