@@ -58,6 +58,7 @@ class PlanFlag(StrEnum):
     SLOW_START = "slow-start"  # a returning or new DIP is ramping up
     NO_LIVE_DIP = "no-live-dip"  # every DIP failed, ejected or drained: the last plan is kept
     ROLLED_BACK = "rolled-back"  # the plan before measured better than the newest: restored
+    CHALLENGE = "challenge"  # the capacity-proportional plan, tried against the solved plan in force
 
 
 E = TypeVar("E", bound=StrEnum)

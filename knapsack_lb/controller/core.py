@@ -77,7 +77,15 @@ from knapsack_lb.controller.estimation import (
     seen_under_load,
     unloaded_latency,
 )
-from knapsack_lb.controller.guard import PlanGuard, Rollback
+from knapsack_lb.controller.guard import (
+    CHALLENGE_MOVE,
+    CHALLENGE_SPACING,
+    MIN_ROUNDS,
+    Challenge,
+    PlanGuard,
+    Rollback,
+    moved,
+)
 from knapsack_lb.controller.least_connections import CapacityInterval, capacity_split
 from knapsack_lb.controller.measurement import DipMeasurement
 from knapsack_lb.controller.rails import apply_rails, capacity_proportional
@@ -111,6 +119,9 @@ LEARNED_CHANGE = 0.002
 STRETCH_FREEDOM = 1.25
 # The guard restores the previous plan when the new one measures this much worse, beyond noise.
 GUARD_THRESHOLD = 0.05
+# The plans the solver made (the guard's challenger is tried against these only)
+SOLVER_METHODS = frozenset({PlanMethod.EXACT_GREEDY, PlanMethod.EXACT_DP, PlanMethod.EXACT_BISECTION, PlanMethod.ILP,
+                            PlanMethod.ILP_MULTISTEP})
 # The probe budget: rounds within this relative distance of the weight a DIP carries now count as taken
 # there (rounds placed at the share the LB counted wander around the weight)
 BUDGET_WEIGHT_TOLERANCE = 0.1
@@ -1012,13 +1023,97 @@ class VipController:
         if measuring:
             return self._measurement_round(now, live, measuring, pins, reasons)
         if self._estimating:
+            notes: list[str] = []
+            if self._challenger_stays(now, live, pins, reasons, notes):
+                return None
+            reasons = reasons + notes
             rollback = self._rollback(now, live, pins, reasons)
             if rollback is not None:
                 return rollback
         if (self._estimating and self.plan is not None and not reasons
                 and now < self.applied_at + self.drain_time + self.settings.loop.interval - 1e-9):
             return None  # the last plan has not been observed yet: learn from it before moving again
-        return self._solve_plan(now, config, live, pins, drained, reasons)
+        plan = self._solve_plan(now, config, live, pins, drained, reasons)
+        if plan is None and self._estimating and not reasons:
+            objective = config.objective if config is not None else self.settings.solver.objective
+            return self._challenge(now, live, pins, objective)
+        return plan
+
+    def _capacity_plan(self, live: Sequence[str], pins: Mapping[str, float]) -> dict[str, float] | None:
+        """The capacity-proportional plan over the live DIPs (pins kept): the split the controller could
+        always send instead of a solved one. None when some live DIP has no curve, or when the caps
+        (less the rails' headroom) do not carry the VIP: then that split would run a DIP past its cap."""
+        free = [n for n in live if n not in pins]
+        if not free or any(not self.dips[n].ready for n in free):
+            return None
+        limits = {n: self._limit(n, self.dips[n].w_max) for n in free}
+        share = 1.0 - sum(pins.get(n, 0.0) for n in live)
+        if sum(limits.values()) * (1 - self.settings.rails.overload_headroom) < share - 1e-9:
+            return None
+        split = {n: w * share for n, w in capacity_proportional(limits).items()}
+        return {n: split.get(n, pins.get(n, 0.0)) for n in self.dips}
+
+    def _challenge(self, now: float, live: list[str], pins: Mapping[str, float], objective: str) -> WeightPlan | None:
+        """Send the capacity-proportional plan as a challenger to the solved plan in force, when that plan
+        has been measured and the two differ by at least ``CHALLENGE_MOVE`` of the traffic
+        (:mod:`knapsack_lb.controller.guard`, "The challenger")."""
+        s = self.settings
+        plan, record, last = self.plan, self.guard.state.current, self.guard.state.challenge
+        if (objective != "mean" or self._balancing != "weighted" or plan is None or plan.flags
+                or plan.method not in SOLVER_METHODS or plan.version != self.confirmed_version
+                or record is None or record.version != plan.version or len(record.values) < MIN_ROUNDS
+                or any(d.held is not None and now < d.held_until for d in self.dips.values())):
+            return None
+        target = self._capacity_plan(live, pins)
+        if target is None:
+            return None
+        fixed = {n: 0.0 for n in self.dips if n not in live} | {n: w for n, w in pins.items() if n in live}
+        weights = apply_rails(target, previous=self._carried() or None, healthy={n for n in live if n not in pins},
+                              min_weight=s.rails.min_weight, max_change=s.rails.max_weight_change, fixed=fixed)
+        if moved(weights, plan.weights) < CHALLENGE_MOVE:
+            return None
+        if last is not None and not last.stale(plan.weights, weights, now, s.learning.window):
+            return None
+        note = (f"challenge: the capacity-proportional plan moves {moved(weights, plan.weights):.0%} of the traffic "
+                f"from the solved plan v{plan.version} ({record.mean * 1e3:.1f}ms); measured against it")
+        emitted = self._emit(weights, now, PlanMethod.CAPACITY_PROPORTIONAL, [note], flags=(PlanFlag.CHALLENGE,))
+        if emitted is not None:
+            self.guard.state.challenge = Challenge(dict(plan.weights), plan.version, dict(emitted.weights),
+                                                   emitted.version, now)
+        return emitted
+
+    def _challenger_stays(self, now: float, live: list[str], pins: Mapping[str, float], reasons: Sequence[str],
+                          notes: list[str]) -> bool:
+        """Whether the challenger in force stays: while it is measured, and after it measured better until
+        something happens, its caps move by ``CHALLENGE_MOVE`` or half a learning window passes. A
+        decision that brings the solved plan back is said in ``notes``."""
+        challenge = self.guard.state.challenge
+        if challenge is None or challenge.won is False:
+            return False
+        in_force = self.plan is not None and self.plan.version == challenge.version
+        if challenge.won is None:
+            if reasons or not in_force:
+                self.guard.state.challenge = None  # something happened: the trial says nothing
+                return False
+            cur, prev = self.guard.state.current, self.guard.state.previous
+            won = self.guard.decide(self.settings.learning.confidence, GUARD_THRESHOLD, now)
+            if won is None:
+                return True
+            assert cur is not None
+            solved = f"v{prev.version} {prev.mean * 1e3:.1f}ms" if prev is not None else "not measured since"
+            verdict = (f"challenge: capacity-proportional v{cur.version} measured {cur.mean * 1e3:.1f}ms, "
+                       f"the solved plan {solved}")
+            if won:
+                self.events_log.append((now, f"{verdict}; the capacity-proportional plan stays"))
+                return True
+            notes.append(f"{verdict}; the solved plan is back")
+            return False
+        target = self._capacity_plan(live, pins)
+        if (reasons or not in_force or target is None or moved(target, challenge.weights) >= CHALLENGE_MOVE
+                or now - challenge.decided >= CHALLENGE_SPACING * self.settings.learning.window):
+            self.guard.state.challenge = None
+            return False
+        return True
 
     def _note_drains(self, now: float, drained: set[str]) -> list[str]:
         """A DIP leaving the operator's drain comes back like a recovered one: slow start from

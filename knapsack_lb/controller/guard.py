@@ -18,6 +18,19 @@ the previous plan gives it too makes the plan in force look worse, and the previ
 the weight back where it slowed. A rollback that came first, between the slowdown and the rounds
 that confirm it, is not undone, but the DIPs it held are released (:meth:`PlanGuard.across_change`).
 
+The challenger. The previous plan is one yardstick; the plan the controller could always have sent
+instead is another: weights in proportion to the DIPs' learned capacities (their caps ``w_max``,
+the controller's fallback). A solved plan that has been in force and measured for ``MIN_ROUNDS``
+rounds, with nothing changing, and that differs from that capacity-proportional plan by at least
+``CHALLENGE_MOVE`` of the traffic is challenged: the controller sends the capacity-proportional
+plan for ``MIN_ROUNDS`` measured rounds (a :class:`Challenge`), and :meth:`PlanGuard.decide` keeps
+it when the solved plan measured worse beyond ``z`` combined standard errors and ``threshold``
+(ties go to the solver); otherwise the solved plan comes back. The challenger is only tried when
+the caps carry the VIP (each DIP then below its safe cap), for the ``mean`` objective (the one the
+guard measures), and when either plan has moved by ``CHALLENGE_MOVE`` since the last challenge and
+``CHALLENGE_SPACING`` of the learning window has passed, so its cost is bounded: a few rounds under
+the plan that measures worse, at most twice a window.
+
 How it fails: the two plans are measured at different times, so a traffic change between them
 looks like a worse plan (the rollback then restores a plan that is no better, and the learner,
 which sees the change in its rounds, moves on); a plan that is worse by less than the threshold,
@@ -34,6 +47,13 @@ from knapsack_lb.controller.estimation import RoundEvidence
 
 MIN_ROUNDS = 2  # rounds a plan is measured before it is judged
 MIN_COVERAGE = 0.9  # share of the plan's weight whose DIPs must have answered in a round
+CHALLENGE_MOVE = 0.05  # the least share of the traffic two plans must differ by for the challenger to be tried
+CHALLENGE_SPACING = 0.5  # the least time between two challenges, as a share of the learning window
+
+
+def moved(a: Mapping[str, float], b: Mapping[str, float]) -> float:
+    """The share of the traffic that moves from split ``a`` to split ``b`` (total variation distance)."""
+    return 0.5 * math.fsum(abs(a.get(n, 0.0) - b.get(n, 0.0)) for n in set(a) | set(b))
 
 
 @dataclass
@@ -79,12 +99,35 @@ class Rollback:
 
 
 @dataclass
+class Challenge:
+    """The capacity-proportional plan (``weights``, sent as plan ``version`` at ``started``) tried
+    against the solved plan in force before it (``solved``, plan ``solved_version``). ``won`` is
+    None while on trial, then whether it measured better (decided at ``decided``)."""
+
+    solved: dict[str, float]
+    solved_version: int
+    weights: dict[str, float]
+    version: int
+    started: float
+    won: bool | None = None
+    decided: float = -math.inf
+
+    def stale(self, solved: Mapping[str, float], challenger: Mapping[str, float], now: float, window: float) -> bool:
+        """Whether a new challenge of ``solved`` by ``challenger`` may follow this one: it was decided
+        ``CHALLENGE_SPACING`` of a ``window`` ago, and either plan has moved since."""
+        return now - self.decided >= CHALLENGE_SPACING * window and (
+            moved(solved, self.solved) >= CHALLENGE_MOVE or moved(challenger, self.weights) >= CHALLENGE_MOVE)
+
+
+@dataclass
 class GuardState:
-    """What the guard remembers: the plan in force, the one before it and its last rollback."""
+    """What the guard remembers: the plan in force, the one before it, its last rollback and its
+    last challenge."""
 
     current: PlanRecord | None = None
     previous: PlanRecord | None = None
     rollback: Rollback | None = None
+    challenge: Challenge | None = None
 
 
 def _gives(weights: Mapping[str, float], name: str, weight: float, tolerance: float) -> bool:
@@ -133,6 +176,26 @@ class PlanGuard:
         if gap > z * math.sqrt(cur.variance + prev.variance) and cur.mean > (1 + threshold) * prev.mean:
             return prev
         return None
+
+    def decide(self, z: float, threshold: float, now: float) -> bool | None:
+        """The challenge on trial, once its plan has ``MIN_ROUNDS`` rounds: True when the solved plan
+        measured worse beyond ``z`` combined standard errors and ``threshold`` (the challenger stays),
+        False otherwise (the solved plan comes back, judged afresh); None while it is measured. A
+        solved plan whose measurement was forgotten (a traffic change) cannot be beaten."""
+        st = self.state
+        challenge, cur, prev = st.challenge, st.current, st.previous
+        if challenge is None or challenge.won is not None:
+            return None
+        if cur is None or cur.version != challenge.version or len(cur.values) < MIN_ROUNDS:
+            return None
+        won = (prev is not None and prev.version == challenge.solved_version
+               and prev.mean - cur.mean > z * math.sqrt(cur.variance + prev.variance)
+               and prev.mean > (1 + threshold) * cur.mean)
+        challenge.won, challenge.decided = won, now
+        st.previous = None
+        if not won:
+            st.current = None
+        return won
 
     def slowed(self, name: str, weight: float, tolerance: float) -> bool:
         """DIP ``name`` was just found slower than its curve, or overloaded, at ``weight``. When the

@@ -356,7 +356,8 @@ def _window(series: Mapping[str, Any], since: float) -> tuple[float, float, floa
 
 
 def _true_utilisation(pool: Pool, weights: Mapping[str, float], t: float) -> float:
-    after = bool(pool.scenario.events) and t >= pool.scenario.events[0].at
+    # a plan made at the event's instant was made on the rounds before it: it is judged on the pool it was made for
+    after = bool(pool.scenario.events) and t > pool.scenario.events[0].at
     rate = pool.rate(after)
     total = sum(weights.values()) or 1.0
     worst = 0.0

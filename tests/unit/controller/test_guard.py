@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from knapsack_lb.controller.core import SolveRequest, SolveResult, VipController
+from knapsack_lb.controller.core import SolveRequest, SolveResult, SolverFn, VipController
 from knapsack_lb.controller.estimation import RoundEvidence
-from knapsack_lb.controller.guard import PlanGuard, PlanRecord, Rollback, vip_latency
+from knapsack_lb.controller.guard import Challenge, PlanGuard, PlanRecord, Rollback, moved, vip_latency
 from knapsack_lb.model import PlanFlag, PlanMethod
 
 from .loop import Loop, vip_config
@@ -126,13 +126,15 @@ def test_a_dip_that_slows_by_itself_is_not_undone_by_the_guard(loop: Loop) -> No
     """A DIP loses capacity at the weight it has run at: the plan in force now measures worse than the
     one before it for that alone, and the older plan gives the DIP the weight it slowed at. Restoring
     it would undo nothing: the guard forgets both plans and the learner moves weight off the DIP."""
-    for _ in range(20):
+    for _ in range(40):
         loop.tick()
+        measured = loop.ctl.guard.state.current
+        if loop.now >= 100 and measured is not None and len(measured.values) >= 3:
+            break
     plan = loop.ctl.plan
     assert plan is not None
     slowed = max(plan.weights, key=lambda name: plan.weights[name])
     # as if the plan in force had just replaced one measured before the change
-    measured = loop.ctl.guard.state.current
     assert measured is not None and len(measured.values) >= 3
     loop.ctl.guard.state.previous = PlanRecord(plan.version - 1, dict(plan.weights), list(measured.values),
                                                list(measured.variances))
@@ -174,3 +176,84 @@ def test_a_rollback_between_a_slowdown_and_its_confirmation_holds_nobody(loop: L
     released = any(r.startswith(f"guard: the last rollback compared plans across {slowed}'s slowdown") for r in reasons)
     assert released == (restored_share == 1.0), reasons
     assert (loop.ctl.dips[other].held is None) == released
+
+
+def _trial(before: float, after: float, stderr: float, *, solved_measured: bool = True) -> PlanGuard:
+    guard = PlanGuard()
+    for _ in range(3):
+        guard.observe(1, {"a": 0.5, "b": 0.5}, {"a": _ev(before, stderr), "b": _ev(before, stderr)})
+    if not solved_measured:
+        guard.reset()
+    guard.state.challenge = Challenge({"a": 0.5, "b": 0.5}, 1, {"a": 0.6, "b": 0.4}, 2, started=10.0)
+    guard.observe(2, {"a": 0.6, "b": 0.4}, {"a": _ev(after, stderr), "b": _ev(after, stderr)})
+    return guard
+
+
+def test_the_challenger_stays_only_when_the_solved_plan_measured_worse_beyond_noise_and_threshold() -> None:
+    on_trial = _trial(0.013, 0.010, 0.0001)
+    assert on_trial.decide(2.0, 0.05, now=20.0) is None  # one round is not a measurement
+    on_trial.observe(2, {"a": 0.6, "b": 0.4}, {"a": _ev(0.010, 0.0001), "b": _ev(0.010, 0.0001)})
+    assert on_trial.decide(2.0, 0.05, now=20.0) is True
+    assert on_trial.state.challenge is not None and on_trial.state.challenge.decided == 20.0
+    assert on_trial.state.previous is None and on_trial.state.current is not None  # the challenger is measured on
+
+    def decided(before: float, after: float, stderr: float, **kw: bool) -> bool | None:
+        guard = _trial(before, after, stderr, **kw)
+        guard.observe(2, {"a": 0.6, "b": 0.4}, {"a": _ev(after, stderr), "b": _ev(after, stderr)})
+        return guard.decide(2.0, 0.05, now=20.0)
+
+    assert decided(0.013, 0.010, 0.003) is False  # within the noise: ties go to the solver
+    assert decided(0.0104, 0.010, 0.00001) is False  # significant, but below 5 %
+    assert decided(0.010, 0.013, 0.0001) is False  # worse
+    assert decided(0.013, 0.010, 0.0001, solved_measured=False) is False  # nothing to beat
+    lost = _trial(0.010, 0.013, 0.0001)
+    lost.observe(2, {"a": 0.6, "b": 0.4}, {"a": _ev(0.013, 0.0001), "b": _ev(0.013, 0.0001)})
+    lost.decide(2.0, 0.05, now=20.0)
+    assert lost.state.current is None and lost.state.previous is None  # the solved plan is judged afresh
+
+
+def test_a_challenge_is_tried_again_only_after_the_spacing_and_a_move() -> None:
+    last = Challenge({"a": 0.5, "b": 0.5}, 1, {"a": 0.6, "b": 0.4}, 2, started=0.0, won=False, decided=100.0)
+    assert moved({"a": 0.5, "b": 0.5}, {"a": 0.6, "b": 0.4}) == pytest.approx(0.1)
+    assert not last.stale({"a": 0.5, "b": 0.5}, {"a": 0.6, "b": 0.4}, now=1000.0, window=600.0)  # nothing moved
+    assert not last.stale({"a": 0.4, "b": 0.6}, {"a": 0.6, "b": 0.4}, now=200.0, window=600.0)  # too soon
+    assert last.stale({"a": 0.4, "b": 0.6}, {"a": 0.6, "b": 0.4}, now=400.0, window=600.0)
+    assert last.stale({"a": 0.5, "b": 0.5}, {"a": 0.7, "b": 0.3}, now=400.0, window=600.0)
+
+
+def _skewed(solve: SolverFn, power: float) -> SolverFn:
+    """The solver's curves, but weights in proportion to ``w_max ** power``: a plan that over-serves the
+    largest DIPs and is worse than the capacity-proportional one."""
+
+    def solver(request: SolveRequest) -> SolveResult:
+        result = solve(request)
+        raw = {name: w_max ** power for name, _curve, w_max, *_ in request.dips}
+        weights = {name: request.total * w / sum(raw.values()) for name, w in raw.items()}
+        return SolveResult(weights, result.predicted_latency, result.objective, PlanMethod.EXACT_GREEDY, 0.0)
+
+    return solver
+
+
+def test_the_capacity_proportional_plan_replaces_a_solved_plan_that_measures_worse(loop: Loop) -> None:
+    loop.ctl.solver = _skewed(loop.ctl.solver, 1.3)
+    challenger = None
+    for _ in range(40):
+        plan = loop.tick()
+        if plan is not None and PlanFlag.CHALLENGE in plan.flags:
+            challenger = plan
+            break
+    assert challenger is not None and challenger.method == PlanMethod.CAPACITY_PROPORTIONAL
+    assert any(r.startswith("challenge: the capacity-proportional plan moves") for r in challenger.reasons)
+    kept = [loop.tick() for _ in range(10)]
+    assert kept == [None] * 10, [p.reasons for p in kept if p is not None]
+    assert loop.ctl.plan is challenger
+    assert any("the capacity-proportional plan stays" in e for _, e in loop.ctl.events_log)
+
+
+def test_a_solved_plan_that_measures_as_well_as_the_challenger_comes_back(loop: Loop) -> None:
+    plans = [p for p in (loop.tick() for _ in range(40)) if p is not None]
+    challenges = [i for i, p in enumerate(plans) if PlanFlag.CHALLENGE in p.flags]
+    assert challenges, "the solved plan was never challenged"
+    assert not any("the capacity-proportional plan stays" in e for _, e in loop.ctl.events_log)
+    back = plans[challenges[0] + 1]
+    assert back.method == PlanMethod.EXACT_GREEDY and any(r.endswith("the solved plan is back") for r in back.reasons)
