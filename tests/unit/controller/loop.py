@@ -9,7 +9,7 @@ from knapsack_lb.controller.settings import ControllerSettings, SolverSettings
 from knapsack_lb.lab.fluid import FluidDip, FluidLab, FluidModel
 from knapsack_lb.lab.fluid import vip_config as lab_vip_config
 from knapsack_lb.loop import ControlLoop
-from knapsack_lb.model import Measurement, VipConfig, WeightPlan
+from knapsack_lb.model import Measurement, PlanFlag, VipConfig, WeightPlan
 
 FAST = ControllerSettings(solver=SolverSettings(units=20_000))
 ALGORITHM1 = FAST.tuned(learning={"method": "algorithm1"})  # the paper's measurement phase (section 4.3)
@@ -49,6 +49,14 @@ class Loop:
         if plan is not None:
             self.plans.append(plan)
         return plan
+
+    def until_flagged(self, flag: PlanFlag, limit: int) -> WeightPlan | None:
+        """Tick until a plan carries ``flag`` (that plan), at most ``limit`` times (None)."""
+        for _ in range(limit):
+            plan = self.tick()
+            if plan is not None and flag in plan.flags:
+                return plan
+        return None
 
     def until_built(self, limit: int = 60) -> None:
         for _ in range(limit):

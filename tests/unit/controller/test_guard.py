@@ -93,12 +93,7 @@ def test_the_controller_rolls_a_worse_plan_back(loop: Loop) -> None:
 
     loop.ctl.solver = round_robin
     loop.ctl._curves_changed = True  # re-solve now
-    rolled = None
-    for _ in range(8):
-        plan = loop.tick()
-        if plan is not None and PlanFlag.ROLLED_BACK in plan.flags:
-            rolled = plan
-            break
+    rolled = loop.until_flagged(PlanFlag.ROLLED_BACK, 8)
     assert rolled is not None and rolled.method == PlanMethod.KEPT
     assert any(r.startswith("guard: plan") for r in rolled.reasons)
     assert rolled.weights == pytest.approx(good.weights, abs=0.02)
@@ -236,12 +231,7 @@ def _skewed(solve: SolverFn, power: float) -> SolverFn:
 
 def test_the_capacity_proportional_plan_replaces_a_solved_plan_that_measures_worse(loop: Loop) -> None:
     loop.ctl.solver = _skewed(loop.ctl.solver, 1.3)
-    challenger = None
-    for _ in range(40):
-        plan = loop.tick()
-        if plan is not None and PlanFlag.CHALLENGE in plan.flags:
-            challenger = plan
-            break
+    challenger = loop.until_flagged(PlanFlag.CHALLENGE, 40)
     assert challenger is not None and challenger.method == PlanMethod.CAPACITY_PROPORTIONAL
     assert any(r.startswith("challenge: the capacity-proportional plan moves") for r in challenger.reasons)
     kept = [loop.tick() for _ in range(10)]
