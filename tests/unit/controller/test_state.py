@@ -7,6 +7,7 @@ import pytest
 from knapsack_lb.controller.breaker import Ejection
 from knapsack_lb.controller.core import VipController
 from knapsack_lb.controller.dynamics import DipTrack
+from knapsack_lb.controller.guard import Challenge
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.controller.state import ControllerState, DrainProbe
 from knapsack_lb.errors import InvalidInputError
@@ -24,6 +25,7 @@ def _busy_controller() -> VipController:
     ctl.breaker.state.ejections["c"] = Ejection(until=130.0, count=2)
     ctl.breaker.state.history["c"] = 2
     ctl._drain = DrainProbe("b", 40.0, [(45.0, 0.02), (50.0, 0.011)])
+    ctl.guard.state.challenge = Challenge({"a": 0.7, "b": 0.3}, 6, {"a": 0.5, "b": 0.5}, 7, started=60.0)
     return ctl
 
 
@@ -36,6 +38,7 @@ def test_a_state_with_infinite_latencies_is_strict_json_and_round_trips() -> Non
     assert twin.dips["a"].last_round == -math.inf
     assert twin.breaker.ejections["c"] == Ejection(130.0, 2)
     assert twin.detector.state.tracks["a"].deviations == [0.1, -0.05]
+    assert twin.guard.state.challenge == Challenge({"a": 0.7, "b": 0.3}, 6, {"a": 0.5, "b": 0.5}, 7, 60.0)
 
 
 def test_a_state_of_another_version_is_refused_by_field() -> None:
