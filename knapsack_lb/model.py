@@ -49,6 +49,11 @@ class PlanMethod(StrEnum):
     KEPT = "kept"  # the last good plan, restated
 
 
+# the methods by which the solver places weights for latency (not a fallback, a measurement or a restatement)
+SOLVER_METHODS = frozenset({PlanMethod.EXACT_GREEDY, PlanMethod.EXACT_DP, PlanMethod.EXACT_BISECTION, PlanMethod.ILP,
+                            PlanMethod.ILP_MULTISTEP})
+
+
 class PlanFlag(StrEnum):
     """What makes a plan other than a plain solved plan (``WeightPlan.flags``)."""
 

@@ -96,7 +96,7 @@ from knapsack_lb.controller.traffic import RateReading, TrafficChange, rate_chan
 from knapsack_lb.curves import LatencyCurve
 from knapsack_lb.curves.fitting import fit_curve
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
-from knapsack_lb.model import Balancing, Measurement, PlanFlag, PlanMethod, VipConfig, WeightPlan
+from knapsack_lb.model import SOLVER_METHODS, Balancing, Measurement, PlanFlag, PlanMethod, VipConfig, WeightPlan
 from knapsack_lb.names import validate_name
 from knapsack_lb.store import CurveRecord
 
@@ -119,9 +119,6 @@ LEARNED_CHANGE = 0.002
 STRETCH_FREEDOM = 1.25
 # The guard restores the previous plan when the new one measures this much worse, beyond noise.
 GUARD_THRESHOLD = 0.05
-# The plans the solver made (the guard's challenger is tried against these only)
-SOLVER_METHODS = frozenset({PlanMethod.EXACT_GREEDY, PlanMethod.EXACT_DP, PlanMethod.EXACT_BISECTION, PlanMethod.ILP,
-                            PlanMethod.ILP_MULTISTEP})
 # The probe budget: rounds within this relative distance of the weight a DIP carries now count as taken
 # there (rounds placed at the share the LB counted wander around the weight)
 BUDGET_WEIGHT_TOLERANCE = 0.1
@@ -1035,9 +1032,12 @@ class VipController:
             return None  # the last plan has not been observed yet: learn from it before moving again
         plan = self._solve_plan(now, config, live, pins, drained, reasons)
         if plan is None and self._estimating and not reasons:
-            objective = config.objective if config is not None else self.settings.solver.objective
-            return self._challenge(now, live, pins, objective)
+            return self._challenge(now, live, pins, self._objective(config))
         return plan
+
+    def _objective(self, config: VipConfig | None) -> str:
+        """The VIP's objective, else the solver settings' default."""
+        return config.objective if config is not None else self.settings.solver.objective
 
     def _capacity_plan(self, live: Sequence[str], pins: Mapping[str, float]) -> dict[str, float] | None:
         """The capacity-proportional plan over the live DIPs (pins kept): the split the controller could
@@ -1439,7 +1439,7 @@ class VipController:
         ready = [n for n in live if self.dips[n].ready]
         # dropped at every weight tried (with no curve anywhere the split is over every live DIP)
         starved = [n for n in live if not self.dips[n].ready] if ready else []
-        objective = config.objective if config is not None else s.solver.objective
+        objective = self._objective(config)
         flags: list[PlanFlag] = []
         fixed: dict[str, float] = {n: 0.0 for n in self.dips if n not in live}
         fixed.update({n: w for n, w in pins.items() if n in self.dips})

@@ -54,14 +54,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from knapsack_lb.lab.fluid import FluidDip, FluidModel
-from knapsack_lb.model import PlanFlag, PlanMethod
+from knapsack_lb.model import SOLVER_METHODS, PlanFlag, PlanMethod
 from knapsack_lb.sim.metrics import STATUS_CODES
 from knapsack_lb.sim.spec import EventSpec, PolicySpec, Scenario
 from knapsack_lb.solver.oracle import erlang_c, oracle_split
 
 VCPUS = (1, 2, 4, 8, 16)
-SOLVED = frozenset({PlanMethod.EXACT_GREEDY, PlanMethod.EXACT_DP, PlanMethod.EXACT_BISECTION, PlanMethod.ILP,
-                    PlanMethod.ILP_MULTISTEP, PlanMethod.RELATIVE_CAPACITY})
+SOLVED = SOLVER_METHODS | {PlanMethod.RELATIVE_CAPACITY}  # behind least connections the learned plan
 STEADY_SHARE = 0.3  # the steady window: the last 30 % of the run
 SATURATED = 0.99  # a DIP busy this share of a window is at its capacity
 EVENT_AT = 0.5  # an event happens halfway through the run
