@@ -867,7 +867,7 @@ class VipController:
         return traffic_change({d.name: d.evidence for d in live}, curves,
                               confirmations=s.dynamics.change_confirmations, tolerance=s.measurement.trust_tolerance,
                               threshold=s.dynamics.traffic_change_threshold, quorum=s.dynamics.traffic_change_quorum,
-                              since=self.traffic_changed_at)
+                              since=self.traffic_changed_at, spread=self.round_spread)
 
     def _take_estimate(self, dip: DipState, est: Estimate, now: float) -> list[str]:
         """Install an estimate as the DIP's curve and cap; say so when the DIP was overloaded."""

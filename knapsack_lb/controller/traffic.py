@@ -117,16 +117,21 @@ class _Verdict:
     pooled: float
 
 
-def _log_ratio(after: Pooled, before: Pooled) -> tuple[float, float]:
-    error = math.hypot(before.stderr / before.mean, after.stderr / after.mean)
+def _log_ratio(after: Pooled, before: Pooled, spread: float) -> tuple[float, float]:
+    """The log ratio of two pooled groups of rounds and its standard error: each group's own (its probes)
+    and the pool's between-round ``spread`` over its number of rounds."""
+    error = math.sqrt((before.stderr / before.mean) ** 2 + (after.stderr / after.mean) ** 2
+                      + spread ** 2 * (1 / before.rounds + 1 / after.rounds))
     return math.log(after.mean / before.mean), max(error, 1e-9)
 
 
 def _judge(rounds: Sequence[RoundEvidence], curve: LatencyCurve, confirmations: int, tolerance: float,
-           since: float) -> _Verdict | None:
+           since: float, spread: float) -> _Verdict | None:
     """One DIP's newest ``confirmations`` rounds against its earlier rounds (taken since ``since``)
     under their weight (:attr:`RoundEvidence.setting`), less what the curve says the difference of the
-    shares they carried explains; None when the newest did not hold an earlier weight."""
+    shares they carried explains; None when the newest did not hold an earlier weight. The pool's
+    between-round ``spread`` (:func:`~knapsack_lb.controller.estimation.between_round_spread`) counts
+    in every ratio's error."""
     rounds = [r for r in rounds if r.time >= since]
     recent, earlier = rounds[-confirmations:], rounds[:-confirmations]
     if len(recent) < confirmations or not all(_usable(r) for r in recent):
@@ -149,7 +154,7 @@ def _judge(rounds: Sequence[RoundEvidence], curve: LatencyCurve, confirmations: 
         shift = explained(after.weight)
         if shift is None:
             return None
-        x, se = _log_ratio(after, before)
+        x, se = _log_ratio(after, before, spread)
         ratios.append((x - shift, se))
     return _Verdict(tuple(ratios[:-1]), ratios[-1][0])
 
@@ -170,14 +175,15 @@ def _pool_moved(ratios: Sequence[tuple[float, float]], threshold: float, quorum:
 
 def traffic_change(evidence: Mapping[str, Sequence[RoundEvidence]], curves: Mapping[str, tuple[LatencyCurve, float]],
                    *, confirmations: int, tolerance: float, threshold: float, quorum: float,
-                   since: float = -math.inf) -> TrafficChange | None:
+                   since: float = -math.inf, spread: float = 0.0) -> TrafficChange | None:
     """The traffic change the DIPs' rounds show (see the module docstring), or None.
 
     ``evidence``: each live DIP's rounds, oldest first; ``curves``: dip -> (its curve, its cap);
-    rounds before ``since`` (the last traffic change) are not compared with the ones after it."""
+    rounds before ``since`` (the last traffic change) are not compared with the ones after it;
+    ``spread``: the pool's between-round spread (0 where rounds vary only as their probes say)."""
     verdicts = {}
     for name, rounds in evidence.items():
-        verdict = _judge(rounds, curves[name][0], confirmations, tolerance, since) if name in curves else None
+        verdict = _judge(rounds, curves[name][0], confirmations, tolerance, since, spread) if name in curves else None
         if verdict is not None:
             verdicts[name] = verdict
     judged = len(verdicts)

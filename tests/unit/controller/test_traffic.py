@@ -62,6 +62,16 @@ def test_less_traffic_is_found_the_other_way() -> None:
     assert found is not None and found.k == pytest.approx(1 / 0.9, rel=1e-3)
 
 
+def test_rounds_that_vary_beyond_their_probes_need_a_larger_move() -> None:
+    """Traffic up 10 % (latency +30 % at 70 % utilisation) is beyond the rounds' own probes (100 each,
+    10 % spread) but, where the pool's rounds at one weight vary by 30 % between them (layer 4: the
+    load moves with the connections), within the noise of single rounds; traffic up 40 % is beyond both."""
+    rounds = _rounds(_traffic(35, 1.1))
+    assert traffic_change(rounds, CURVES, **SETTINGS) is not None
+    assert traffic_change(rounds, CURVES, **SETTINGS, spread=0.3) is None
+    assert traffic_change(_rounds(_traffic(35, 1.4)), CURVES, **SETTINGS, spread=0.3) is not None
+
+
 def test_one_changed_round_is_no_change_yet() -> None:
     assert traffic_change(_rounds(_traffic(40, 1.2)), CURVES, **SETTINGS) is None
 
