@@ -760,9 +760,10 @@ class VipController:
             reasons.append(traffic.describe())
             reasons += [f"change: {n} moved against the traffic change, beyond its curve's noise: "
                         f"relearning from the last {confirmations} rounds" for n in sorted(apart - set(traffic.apart))]
+        drop_level = self._drop_levels()
         for name, evidence in latest.items():
             dip = self.dips[name]
-            off = self._off_curve(dip) if traffic is None else 0
+            off = self._off_curve(dip, drop_level[name]) if traffic is None else 0
             if off != 0:
                 expected = dip.curve_obj().latency(evidence.weight)
                 since = dip.evidence[-confirmations - 1].time if len(dip.evidence) > confirmations else -math.inf
@@ -778,8 +779,7 @@ class VipController:
             self.guard.observe(self.confirmed_version, self.in_force, latest)
         lowest = [min((e.mean for e in d.evidence if e.n > 0), default=math.inf) for d in self.dips.values()]
         prior = pool_prior(lowest)
-        lights = {name: light_latency(d.evidence, z) for name, d in self.dips.items()}
-        reference = pool_prior(list(lights.values()))
+        lights, reference = self._light_latencies()
         live = [d for d in self.dips.values() if not d.failed]
         for dip in live:
             if not dip.evidence:
@@ -837,11 +837,30 @@ class VipController:
         share). A DIP that moved with the traffic but more than ``k`` says is left to the shift: near
         a knee a small error in ``k`` is a large one in latency."""
         against = -1 if traffic.k < 1 else 1
-        return {name for name in latest if name not in traffic.apart and self._off_curve(self.dips[name]) == against}
+        drop_level = self._drop_levels()
+        return {name for name in latest
+                if name not in traffic.apart and self._off_curve(self.dips[name], drop_level[name]) == against}
 
-    def _off_curve(self, dip: DipState) -> int:
+    def _light_latencies(self) -> tuple[dict[str, float], float | None]:
+        """Each DIP's light latency (:func:`light_latency`) and the pool's (:func:`pool_prior` of them)."""
+        lights = {name: light_latency(d.evidence, self.settings.learning.confidence) for name, d in self.dips.items()}
+        return lights, pool_prior(list(lights.values()))
+
+    def _drop_levels(self) -> dict[str, float]:
+        """Each DIP's drop level: the latency at which a round is the paper's drop (section 4.3),
+        ``drop_latency_factor`` times the unloaded latency the estimator's drop test reads
+        (:func:`unloaded_latency` of the pool's light latency and the DIP's); inf when not known.
+        Not the fit's own unloaded latency: with a steep knee shape it can come out far too high (80 ms
+        on the live demo for a DIP whose rounds took 47 ms and up)."""
+        lights, reference = self._light_latencies()
+        factor = self.settings.measurement.drop_latency_factor
+        return {name: factor * unloaded if (unloaded := unloaded_latency(reference, light)) else math.inf
+                for name, light in lights.items()}
+
+    def _off_curve(self, dip: DipState, drop_level: float) -> int:
         """+1 (slower) or -1 (faster) when a DIP's newest rounds confirm a change against its curve
-        (:func:`change_direction`); 0 without one, or without a learned curve to judge by."""
+        (:func:`change_direction`: no faster verdict where the curve predicts ``drop_level`` or more);
+        0 without one, or without a learned curve to judge by."""
         if dip.failed or dip.curve is None or dip.curve.get("kind") != "utilisation":
             return 0
         s = self.settings
@@ -849,7 +868,8 @@ class VipController:
                                 threshold=s.dynamics.capacity_change_threshold,
                                 failure_share=s.measurement.drop_failure_share,
                                 dispersion=1.0 if dip.returned_at is not None else dip.dispersion,
-                                confirmations=s.dynamics.change_confirmations, spread=self.round_spread)
+                                confirmations=s.dynamics.change_confirmations, spread=self.round_spread,
+                                drop_latency=drop_level)
 
     def _rate_change(self) -> TrafficChange | None:
         """The traffic test on the VIP's request rate since the last traffic change (:func:`rate_change`)."""

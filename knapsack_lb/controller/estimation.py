@@ -46,7 +46,8 @@ curve is learned:
   ``z`` standard errors of its log-latency and ``capacity_change_threshold`` (the paper's 20 %) drops the
   DIP's older rounds (:func:`change_direction`), so a capacity change is learned afresh from the rounds
   after it (a traffic change moves every DIP's rounds instead: :mod:`knapsack_lb.controller.traffic`);
-  rounds older than ``window`` seconds are forgotten anyway.
+  rounds older than ``window`` seconds are forgotten anyway. Where the curve predicts a drop-level
+  latency it is at the asymptote a drop puts there, and a faster round is no gain (:func:`disagreement`).
 
 How it fails: the model assumes the latency a probe sees is a function of the DIP's weight only;
 a DIP whose latency moves for other reasons (a noisy neighbour that comes and goes each minute)
@@ -513,7 +514,8 @@ def estimate(
 
 
 def disagreement(r: RoundEvidence, curve: LatencyCurve, *, z: float, threshold: float, failure_share: float,
-                 dispersion: float = 1.0, spread: float = 0.0, cv: float | None = None) -> int | None:
+                 dispersion: float = 1.0, spread: float = 0.0, cv: float | None = None,
+                 drop_latency: float = math.inf) -> int | None:
     """How one round stands against ``curve``: +1 above it, -1 below it, 0 within its noise or
     ``threshold``; None when the curve does not say (no finite estimate at the round's weight).
 
@@ -525,13 +527,22 @@ def disagreement(r: RoundEvidence, curve: LatencyCurve, *, z: float, threshold: 
     adds to the round's own noise. ``cv``, the DIP's spread of one probe pooled over its rounds
     (:func:`probe_spread`), is the least the round's coefficient of variation counts for: a round
     that is tight by chance gets no credit for it, one noisier than the DIP's usual is judged on
-    its own."""
+    its own.
+
+    Where the curve predicts ``drop_latency`` or more it is at its asymptote, which a drop puts at the
+    weight that overloaded the DIP: a faster round there is no capacity gain (None), only what the drop
+    already told (the knee lies between) and evidence for the next fit. At layer 4 a DIP's share
+    wanders around its weight, so such rounds are common, and each one read as "faster" forgot the
+    drop and sent the DIP back to the weight that overloaded it (on the live demo, four times in two
+    minutes). A slower round there is still judged."""
     expected = curve.latency(r.weight)
     if not math.isfinite(expected) or expected <= 0:
         return None
     if r.n == 0 or r.failed > failure_share:
         return 1
     gap = r.mean - expected
+    if gap < 0 and expected >= drop_latency:
+        return None
     # on the log scale, where a latency halved and one doubled are the same news: the standard error of
     # a mean's logarithm is the coefficient of variation over sqrt(n)
     variation = r.std / r.mean if cv is None else max(cv, r.std / r.mean)
@@ -543,7 +554,7 @@ def disagreement(r: RoundEvidence, curve: LatencyCurve, *, z: float, threshold: 
 
 def change_direction(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z: float, threshold: float,
                      failure_share: float, dispersion: float = 1.0, confirmations: int = 1,
-                     spread: float = 0.0) -> int:
+                     spread: float = 0.0, drop_latency: float = math.inf) -> int:
     """+1 (slower) or -1 (faster) when the newest ``confirmations`` rounds all disagree with ``curve``
     that way (each by :func:`disagreement`, counting at least the spread of one probe pooled over
     ``rounds``); else 0."""
@@ -553,7 +564,7 @@ def change_direction(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z:
 
     def signs(cv: float | None) -> set[int | None]:
         return {disagreement(r, curve, z=z, threshold=threshold, failure_share=failure_share,
-                             dispersion=dispersion, spread=spread, cv=cv) for r in recent}
+                             dispersion=dispersion, spread=spread, cv=cv, drop_latency=drop_latency) for r in recent}
 
     found = signs(None)
     if len(found) == 1 and found <= {1, -1}:

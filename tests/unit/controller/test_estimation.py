@@ -319,6 +319,24 @@ def test_a_change_needs_confirmed_disagreement_beyond_noise() -> None:
     assert change_direction(failing[-1:], curve, **kw, confirmations=2) == 0  # one round is no confirmation
 
 
+def test_a_round_under_the_asymptote_a_drop_left_is_no_change() -> None:
+    """A drop at share 0.42 put the curve's saturation there, though the DIP (M/M/1, 10 ms, capacity
+    0.5) saturates at 0.5: at 0.38 the curve says 105 ms and the DIP serves 41.7 ms. With the drop
+    level at 50 ms that is no capacity gain; a slower round there, and a faster one further down
+    where the curve says 19 ms, are still judged."""
+    clamped = UtilisationCurve(0.010, 0.42, 1.0)
+    kw = {"z": Z, "threshold": 0.2, "failure_share": 0.01}
+    under = _round(0, 0.38, 0.010 / (1 - 0.38 / 0.5))
+    assert clamped.latency(0.38) > 0.100
+    assert change_direction([under], clamped, **kw) == -1
+    assert change_direction([under], clamped, **kw, drop_latency=0.050) == 0
+    assert disagreement(under, clamped, **kw, drop_latency=0.050) is None
+    slower = _round(0, 0.38, clamped.latency(0.38) * 1.5)
+    assert change_direction([slower], clamped, **kw, drop_latency=0.050) == 1
+    lower = _round(0, 0.2, clamped.latency(0.2) / 1.5)
+    assert change_direction([lower], clamped, **kw, drop_latency=0.050) == -1
+
+
 def test_one_rounds_disagreement_has_a_direction_and_a_curve_that_says_nothing_gives_none() -> None:
     curve = UtilisationCurve(0.010, 0.5, 1.0)
     at = curve.latency(0.25)
