@@ -744,8 +744,9 @@ class VipController:
         self.round_spread = between_round_spread((d.evidence for d in self.dips.values() if not d.failed),
                                                  s.measurement.trust_tolerance, s.learning.confidence)
         traffic = (self._rate_change() if self.vip_rates else self._traffic_change()) if latest else None
+        drop_level = self._drop_levels()
         if traffic is not None:
-            apart = set(traffic.apart) | self._apart_from_traffic(traffic, latest)
+            apart = set(traffic.apart) | self._apart_from_traffic(traffic, latest, drop_level)
             for dip in self.dips.values():
                 if dip.name in apart:
                     dip.evidence = dip.evidence[-confirmations:]
@@ -760,7 +761,6 @@ class VipController:
             reasons.append(traffic.describe())
             reasons += [f"change: {n} moved against the traffic change, beyond its curve's noise: "
                         f"relearning from the last {confirmations} rounds" for n in sorted(apart - set(traffic.apart))]
-        drop_level = self._drop_levels()
         for name, evidence in latest.items():
             dip = self.dips[name]
             off = self._off_curve(dip, drop_level[name]) if traffic is None else 0
@@ -827,7 +827,8 @@ class VipController:
         return [f"guard: the plan before gives {name} the weight it slowed at; no plan measured before is "
                 "restored"]
 
-    def _apart_from_traffic(self, traffic: TrafficChange, latest: Mapping[str, RoundEvidence]) -> set[str]:
+    def _apart_from_traffic(self, traffic: TrafficChange, latest: Mapping[str, RoundEvidence],
+                            drop_level: Mapping[str, float]) -> set[str]:
         """The DIPs the traffic test could not judge (their weights moved) whose newest rounds moved
         against the traffic - faster than their curves as traffic rose, or slower as it fell: their
         own capacity changed at the same time (a DIP back at full capacity as traffic rises), as for
@@ -835,9 +836,8 @@ class VipController:
         rounds from two capacities at one weight, and the curve between them keeps the DIP at its
         old cap (in the fluid dynamics a DIP restored to its capacity stayed at 0.54 of the oracle's
         share). A DIP that moved with the traffic but more than ``k`` says is left to the shift: near
-        a knee a small error in ``k`` is a large one in latency."""
+        a knee a small error in ``k`` is a large one in latency. ``drop_level``: :meth:`_drop_levels`."""
         against = -1 if traffic.k < 1 else 1
-        drop_level = self._drop_levels()
         return {name for name in latest
                 if name not in traffic.apart and self._off_curve(self.dips[name], drop_level[name]) == against}
 
