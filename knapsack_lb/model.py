@@ -52,6 +52,9 @@ class PlanMethod(StrEnum):
 # the methods by which the solver places weights for latency (not a fallback, a measurement or a restatement)
 SOLVER_METHODS = frozenset({PlanMethod.EXACT_GREEDY, PlanMethod.EXACT_DP, PlanMethod.EXACT_BISECTION, PlanMethod.ILP,
                             PlanMethod.ILP_MULTISTEP})
+# the methods of a plan placed from learned curves: the solver's, and behind least connections the learned relative
+# capacities
+LEARNED_METHODS = SOLVER_METHODS | {PlanMethod.RELATIVE_CAPACITY}
 
 
 class PlanFlag(StrEnum):

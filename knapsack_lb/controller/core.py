@@ -169,7 +169,9 @@ def default_solver(request: SolveRequest) -> SolveResult:
 
 
 def is_solved(plan: WeightPlan) -> bool:
-    """A plan the solver placed for latency (not a measurement schedule, not a no-live-DIP fallback)."""
+    """A plan meant to stay, one the LB may be left on: not a measurement schedule, not the split for a VIP
+    with no live DIP. The learner's start and the fallbacks are such plans too; the ones placed from learned
+    curves are those of ``LEARNED_METHODS``."""
     return PlanFlag.MEASURING not in plan.flags and PlanFlag.NO_LIVE_DIP not in plan.flags
 
 

@@ -54,13 +54,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from knapsack_lb.lab.fluid import FluidDip, FluidModel
-from knapsack_lb.model import SOLVER_METHODS, PlanFlag, PlanMethod
+from knapsack_lb.model import LEARNED_METHODS, PlanFlag
 from knapsack_lb.sim.metrics import STATUS_CODES
 from knapsack_lb.sim.spec import EventSpec, PolicySpec, Scenario
 from knapsack_lb.solver.oracle import erlang_c, oracle_split
 
 VCPUS = (1, 2, 4, 8, 16)
-SOLVED = SOLVER_METHODS | {PlanMethod.RELATIVE_CAPACITY}  # behind least connections the learned plan
 STEADY_SHARE = 0.3  # the steady window: the last 30 % of the run
 SATURATED = 0.99  # a DIP busy this share of a window is at its capacity
 EVENT_AT = 0.5  # an event happens halfway through the run
@@ -397,7 +396,7 @@ def run_one(pool: Pool, label: str) -> Outcome:
 def _with_controller(base: Outcome, pool: Pool, plans: Sequence[Mapping[str, Any]],
                      series: Mapping[str, Any] | None = None) -> Outcome:
     solved_at = next((p["time"] for p in plans
-                      if p["method"] in SOLVED and PlanFlag.MEASURING not in p["flags"]), None)
+                      if p["method"] in LEARNED_METHODS and PlanFlag.MEASURING not in p["flags"]), None)
     max_util = None
     busy, saturated = base.max_busy, base.saturated_windows
     if solved_at is not None:

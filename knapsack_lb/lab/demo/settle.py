@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from knapsack_lb.controller.core import is_solved
-from knapsack_lb.model import WeightPlan
+from knapsack_lb.model import LEARNED_METHODS, WeightPlan
 
 SETTLED_CHANGE = 0.02  # a weight that moves by less than this between plans has not moved
 
@@ -43,8 +43,11 @@ class SettleWatch:
     weights: dict[str, float] | None = None  # the weights in force since changed_at
 
     def observe(self, plan: WeightPlan | None, now: float) -> bool:
-        """Take the plan in force at ``now``; True when it is the first solved plan seen."""
-        if plan is None or not is_solved(plan):
+        """Take the plan in force at ``now``; True when it is the first solved plan seen. Until then only
+        a plan placed from learned curves counts: the learner's start (the LB's own weights, or an equal
+        split, restated until a curve is usable) is not learning settled."""
+        started = self.solved_at is not None or (plan is not None and plan.method in LEARNED_METHODS)
+        if plan is None or not is_solved(plan) or not started:
             if self.weights is not None:
                 self.changed_at, self.weights = now, None
             return False

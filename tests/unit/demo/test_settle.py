@@ -42,3 +42,18 @@ def test_a_plan_that_is_not_solved_is_a_move() -> None:
     assert not watch.settled(50.0)
     watch.observe(_plan(0.6), 20.0)  # solved again, at the same weights: the window starts here
     assert not watch.settled(29.0) and watch.settled(30.0)
+
+
+@pytest.mark.parametrize("method", [PlanMethod.KEPT, PlanMethod.EQUAL_SPLIT])
+def test_the_start_before_any_curve_is_no_solved_plan(method: PlanMethod) -> None:
+    """The learner's first plan restates the LB's weights (or splits equally) until a curve is usable:
+    learning has not begun, so it is neither the first solved plan nor one to settle on."""
+    watch = SettleWatch(window=10.0)
+    start = WeightPlan("web", {"a": 0.5, "b": 0.5}, method=method)
+    assert not watch.observe(start, 0.0)
+    assert not watch.settled(50.0) and watch.solved_at is None
+    assert watch.observe(_plan(0.6), 60.0)  # the solver's first plan
+    assert watch.solved_at == 60.0
+    watch.observe(WeightPlan("web", {"a": 0.6, "b": 0.4}, method=PlanMethod.KEPT,
+                             flags=(PlanFlag.SOLVER_FAILED,)), 65.0)  # the last good plan kept: no move
+    assert watch.settled(70.0)
