@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar, runtime_checkable
+
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -82,3 +84,27 @@ async def wait_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
     """Wait ``seconds`` of real time, or less when ``stop`` is set meanwhile."""
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), timeout=seconds)
+
+
+async def unless_stopped(stop: asyncio.Event, work: Awaitable[T], grace: float = 0.0,
+                         cancel_wait: float = 1.0) -> T | None:
+    """``work``'s result, or None when ``stop`` is set and ``work`` has not finished ``grace``
+    seconds later: it is then cancelled and given at most ``cancel_wait`` seconds to unwind, so a
+    stop never waits on a call that hangs (a store client retrying a downed cluster for seconds).
+    Errors of ``work`` propagate; cancelling the caller cancels ``work`` too."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and grace > 0:
+            await asyncio.wait({task}, timeout=grace)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=cancel_wait)
+    if not task.done() or task.cancelled():
+        # still unwinding past ``cancel_wait``: its outcome is not waited for, and not reported as lost
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return None
+    return task.result()

@@ -53,7 +53,10 @@ bounded buffer (``max_buffered_rounds``, oldest dropped beyond it, counted and l
 retries with exponential backoff (``backoff_initial`` doubling to ``backoff_max``) and
 writes everything buffered in one pipeline when Redis answers again. Store errors never
 end the worker. While Redis is down, leases cannot be renewed; two workers may then probe
-one DIP for a round or two after it returns, until leases settle.
+one DIP for a round or two after it returns, until leases settle. A stop never waits on a store
+that hangs: a refresh in flight is cancelled, the buffered rounds get ``STOP_FLUSH_SECONDS`` to be
+written and the leases ``STOP_RELEASE_SECONDS`` to be handed back (else they expire), well
+within the service's stop grace (a cluster client retries a downed cluster for about 6 s per call).
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from knapsack_lb.clock import Clock, SystemClock, wait_unless_stopped
+from knapsack_lb.clock import Clock, SystemClock, unless_stopped, wait_unless_stopped
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.model import Measurement, VipConfig
 from knapsack_lb.names import validate_name
@@ -84,6 +87,8 @@ log = logging.getLogger(__name__)
 PROBE_GROUP = "probes"
 STATUS_COMPONENT = PROBE_STATUS
 BUDGET_STALE_INTERVALS = 3  # a budget read longer ago than this many intervals is not used (store down)
+STOP_FLUSH_SECONDS = 5.0  # on a stop, the buffered rounds' last write may take this long
+STOP_RELEASE_SECONDS = 2.0  # on a stop, handing the leases back may take this long (the TTL frees them else)
 
 
 def vip_group(group: str, vip: str) -> str:
@@ -480,11 +485,14 @@ class ProbeWorker:
     async def _refresh_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                await self.refresh()
-                await self.publish_status()
+                await unless_stopped(stop, self._refresh_and_publish())
             except Exception as error:
                 self._store_failed("refresh", error)
             await wait_unless_stopped(stop, self.refresh_interval)
+
+    async def _refresh_and_publish(self) -> None:
+        await self.refresh()
+        await self.publish_status()
 
     async def _round_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -545,10 +553,15 @@ class ProbeWorker:
             writer_stop.set()
             self._flush_wanted.set()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(writer, timeout=5.0)
+                await asyncio.wait_for(writer, timeout=STOP_FLUSH_SECONDS)
             for task in tasks:
                 task.cancel()
-            await self._release_all()
+            try:
+                await asyncio.wait_for(self._release_all(), timeout=STOP_RELEASE_SECONDS)
+            except TimeoutError:
+                log.warning("store too slow on stop; the leases held expire by their TTL instead of being handed back",
+                            extra={"worker": self.options.worker_id, "dips": len(self.owned)})
+                self.owned.clear()
             for _, client in self._clients.values():
                 client.close()
             log.info("probe worker stopped", extra={"worker": self.options.worker_id, **asdict(self.stats)})

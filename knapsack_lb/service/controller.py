@@ -29,7 +29,10 @@ a partition) while another took its VIP over drops the VIP instead of pushing it
 Stopping: when the stop event is set (SIGTERM, SIGINT), every VIP this process runs is left on the
 plan ``loop.on_stop`` names before its lease is released (:meth:`ControlLoop.stop`): by default the
 last solved plan the LB confirmed, so a controller stopped while learning never leaves the LB on a
-measurement plan.
+measurement plan. A stop ends within the service's stop grace even when every store call hangs (a
+cluster client retries a downed cluster for seconds per call): a pass in flight gets
+``STOP_TICK_SECONDS`` and is then cancelled as a crash would end it, the stop plans and the lease
+releases their own bounds; what is cut short is logged, and unreleased leases expire by their TTL.
 
 Faults: the store being unreachable never ends the service. A pass that cannot reach it is
 abandoned, logged once per outage, and retried with exponential backoff (``RETRY_INITIAL``
@@ -51,12 +54,12 @@ import math
 import random
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.base import Adapter
-from knapsack_lb.clock import Clock, SystemClock, wait_unless_stopped
+from knapsack_lb.clock import Clock, SystemClock, unless_stopped, wait_unless_stopped
 from knapsack_lb.config import KlbConfig, process_id
 from knapsack_lb.controller.core import SolverFn, VipController
 from knapsack_lb.controller.settings import ControllerSettings
@@ -75,6 +78,20 @@ CLOCK_SLACK = 1e-6  # seconds: a wait that ends this close to its target has rea
 LEASE_GROUP = CONTROLLER_LEASES
 IDENTITY_GROUP = "controller-ids"
 RETRY_INITIAL = 0.5  # seconds before the first retry of a pass the store did not answer
+# A stop is over within the service's stop grace (10 s) even when every store call hangs: a pass in flight
+# may finish within STOP_TICK_SECONDS (then it is cancelled, as a crash would end it), leaving the stop plans
+# within STOP_PLANS_SECONDS, handing the leases back within STOP_RELEASE_SECONDS (else they expire).
+STOP_TICK_SECONDS = 2.0
+STOP_PLANS_SECONDS = 4.0
+STOP_RELEASE_SECONDS = 2.0
+
+
+async def _within(seconds: float, work: Awaitable[None], what: str) -> None:
+    """``work`` given ``seconds``; past them it is cancelled and a warning says what was cut short."""
+    try:
+        await asyncio.wait_for(work, timeout=seconds)
+    except TimeoutError:
+        log.warning("stopping: the store did not answer in time; cut short", extra={"step": what, "seconds": seconds})
 
 
 def _wall(clock: Clock) -> float:
@@ -295,7 +312,7 @@ class ControllerService:
         while not stop.is_set() and (max_rounds is None or done < max_rounds):
             started = self.clock.now()
             try:
-                await self.tick()
+                await unless_stopped(stop, self.tick(), grace=STOP_TICK_SECONDS)
             except StoreUnavailableError as exc:
                 if self.store_ready:
                     log.error("the store does not answer; the load balancers keep their weights, retrying",
@@ -311,14 +328,19 @@ class ControllerService:
             if max_rounds is not None and done >= max_rounds:
                 break
             await self._wait_renewing(stop, started + self.settings.loop.interval)
-        if stop.is_set():
-            await self.leave_safe_plans()
+        try:
+            if stop.is_set():
+                await _within(STOP_PLANS_SECONDS, self.leave_safe_plans(), "leaving the stop plans")
+            await _within(STOP_RELEASE_SECONDS, self._release_leases(), "handing the leases back")
+        finally:
+            self.adapters.close()
+
+    async def _release_leases(self) -> None:
         for vip in sorted(self.leased | set(self.loops)):
             with contextlib.suppress(KnapsackLBError, OSError, ConnectionError):
                 await self.store.release_lease(LEASE_GROUP, vip, self.controller_id)
         with contextlib.suppress(KnapsackLBError, OSError, ConnectionError):
             await self.store.release_lease(IDENTITY_GROUP, self.controller_id, self.token)
-        self.adapters.close()
 
     async def leave_safe_plans(self) -> None:
         """On stop, every VIP this process runs is left on the plan ``loop.on_stop`` names (one
