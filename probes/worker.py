@@ -559,8 +559,9 @@ class ProbeWorker:
             try:
                 await asyncio.wait_for(self._release_all(), timeout=STOP_RELEASE_SECONDS)
             except TimeoutError:
-                log.warning("store too slow on stop; the leases held expire by their TTL instead of being handed back",
-                            extra={"worker": self.options.worker_id, "dips": len(self.owned)})
+                log.warning("stopping: the store did not answer in time; cut short", extra={
+                    "worker": self.options.worker_id, "step": "handing the leases back (they expire by their TTL)",
+                    "seconds": STOP_RELEASE_SECONDS})
                 self.owned.clear()
             for _, client in self._clients.values():
                 client.close()
