@@ -552,8 +552,12 @@ class ProbeWorker:
                 timer.cancel()
             writer_stop.set()
             self._flush_wanted.set()
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(writer, timeout=STOP_FLUSH_SECONDS)
+            except TimeoutError:
+                log.warning("stopping: the store did not answer in time; cut short", extra={
+                    "worker": self.options.worker_id, "step": "writing the buffered rounds (lost)",
+                    "seconds": STOP_FLUSH_SECONDS, "rounds": len(self.buffer)})
             for task in tasks:
                 task.cancel()
             try:
