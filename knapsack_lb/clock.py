@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 T = TypeVar("T")
 
@@ -108,3 +109,15 @@ async def unless_stopped(stop: asyncio.Event, work: Awaitable[T], grace: float =
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         return None
     return task.result()
+
+
+async def within(seconds: float, work: Awaitable[None], *, log: logging.Logger, step: str, **extra: Any) -> bool:
+    """One step of a stop: ``work`` given ``seconds``. Past them it is cancelled, ``log`` gets the
+    warning every stop step cut short gives (naming ``step``, with ``extra``), and False says so."""
+    try:
+        await asyncio.wait_for(work, timeout=seconds)
+    except TimeoutError:
+        log.warning("stopping: the store did not answer in time; cut short",
+                    extra={**extra, "step": step, "seconds": seconds})
+        return False
+    return True

@@ -71,7 +71,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from knapsack_lb.clock import Clock, SystemClock, unless_stopped, wait_unless_stopped
+from knapsack_lb.clock import Clock, SystemClock, unless_stopped, wait_unless_stopped, within
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.model import Measurement, VipConfig
 from knapsack_lb.names import validate_name
@@ -552,20 +552,13 @@ class ProbeWorker:
                 timer.cancel()
             writer_stop.set()
             self._flush_wanted.set()
-            try:
-                await asyncio.wait_for(writer, timeout=STOP_FLUSH_SECONDS)
-            except TimeoutError:
-                log.warning("stopping: the store did not answer in time; cut short", extra={
-                    "worker": self.options.worker_id, "step": "writing the buffered rounds (lost)",
-                    "seconds": STOP_FLUSH_SECONDS, "rounds": len(self.buffer)})
+            # the round loop waited for its rounds: what is buffered now is what a cut-short write loses
+            await within(STOP_FLUSH_SECONDS, writer, log=log, step="writing the buffered rounds (lost)",
+                         worker=self.options.worker_id, rounds=len(self.buffer))
             for task in tasks:
                 task.cancel()
-            try:
-                await asyncio.wait_for(self._release_all(), timeout=STOP_RELEASE_SECONDS)
-            except TimeoutError:
-                log.warning("stopping: the store did not answer in time; cut short", extra={
-                    "worker": self.options.worker_id, "step": "handing the leases back (they expire by their TTL)",
-                    "seconds": STOP_RELEASE_SECONDS})
+            if not await within(STOP_RELEASE_SECONDS, self._release_all(), log=log, worker=self.options.worker_id,
+                                step="handing the leases back (they expire by their TTL)"):
                 self.owned.clear()
             for _, client in self._clients.values():
                 client.close()

@@ -54,12 +54,12 @@ import math
 import random
 import secrets
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.base import Adapter
-from knapsack_lb.clock import Clock, SystemClock, unless_stopped, wait_unless_stopped
+from knapsack_lb.clock import Clock, SystemClock, unless_stopped, wait_unless_stopped, within
 from knapsack_lb.config import KlbConfig, process_id
 from knapsack_lb.controller.core import SolverFn, VipController
 from knapsack_lb.controller.settings import ControllerSettings
@@ -85,13 +85,6 @@ STOP_TICK_SECONDS = 2.0
 STOP_PLANS_SECONDS = 4.0
 STOP_RELEASE_SECONDS = 2.0
 
-
-async def _within(seconds: float, work: Awaitable[None], what: str) -> None:
-    """``work`` given ``seconds``; past them it is cancelled and a warning says what was cut short."""
-    try:
-        await asyncio.wait_for(work, timeout=seconds)
-    except TimeoutError:
-        log.warning("stopping: the store did not answer in time; cut short", extra={"step": what, "seconds": seconds})
 
 
 def _wall(clock: Clock) -> float:
@@ -330,8 +323,8 @@ class ControllerService:
             await self._wait_renewing(stop, started + self.settings.loop.interval)
         try:
             if stop.is_set():
-                await _within(STOP_PLANS_SECONDS, self.leave_safe_plans(), "leaving the stop plans")
-            await _within(STOP_RELEASE_SECONDS, self._release_leases(), "handing the leases back")
+                await within(STOP_PLANS_SECONDS, self.leave_safe_plans(), log=log, step="leaving the stop plans")
+            await within(STOP_RELEASE_SECONDS, self._release_leases(), log=log, step="handing the leases back")
         finally:
             self.adapters.close()
 

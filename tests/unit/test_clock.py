@@ -1,12 +1,13 @@
-"""``unless_stopped``: a stop never waits on work that hangs, and work that ends is never lost."""
+"""``unless_stopped`` and ``within``: a stop never waits on work that hangs, and work that ends is never lost."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
-from knapsack_lb.clock import unless_stopped
+from knapsack_lb.clock import unless_stopped, within
 
 
 async def test_work_that_ends_before_a_stop_gives_its_result() -> None:
@@ -69,3 +70,20 @@ async def test_work_that_will_not_unwind_is_left_after_cancel_wait() -> None:
     assert result is None
     release.set()
     await asyncio.sleep(0)
+
+
+async def test_a_stop_step_that_ends_in_time_says_so_and_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    log = logging.getLogger("test.stop")
+    assert await within(1.0, asyncio.sleep(0.01), log=log, step="handing the leases back") is True
+    assert not caplog.records
+
+
+async def test_a_stop_step_past_its_bound_is_cancelled_and_named_in_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    log = logging.getLogger("test.stop")
+    hung = asyncio.ensure_future(asyncio.sleep(3600))
+    with caplog.at_level(logging.WARNING, logger="test.stop"):
+        assert await within(0.05, hung, log=log, step="writing the buffered rounds", rounds=3) is False
+    assert hung.cancelled()
+    (record,) = caplog.records
+    assert "cut short" in record.getMessage()
+    assert (record.step, record.seconds, record.rounds) == ("writing the buffered rounds", 0.05, 3)  # type: ignore[attr-defined]
