@@ -61,12 +61,12 @@ of one slot. Clients: :func:`create_redis_client` builds the plain asyncio clien
 
 Failures: every method raises :class:`~knapsack_lb.errors.StoreUnavailableError` when Redis is
 unreachable, times out or is still loading, and on a cluster also when a slot has moved or is
-migrating beyond the client's retries, a node is down or the cluster is down (``CLUSTERDOWN``,
-``MASTERDOWN``, ``TRYAGAIN``, slots not covered); callers decide (the probe worker buffers, see
-:mod:`probes.worker`; the controller backs off and keeps the load balancer's weights). A cross-slot
-transaction would be a programming error and is not mapped. :meth:`RedisLatencyStore.verify` tells
-a store that is down apart from one that is misconfigured (a plain Redis configured as a cluster,
-or a cluster node configured as a plain Redis).
+migrating beyond the store's retries (see :func:`create_redis_client`), a node is down or the
+cluster is down (``CLUSTERDOWN``, ``MASTERDOWN``, ``TRYAGAIN``, slots not covered); callers decide
+(the probe worker buffers, see :mod:`probes.worker`; the controller backs off and keeps the load
+balancer's weights). A cross-slot transaction would be a programming error and is not mapped.
+:meth:`RedisLatencyStore.verify` tells a store that is down apart from one that is misconfigured (a
+plain Redis configured as a cluster, or a cluster node configured as a plain Redis).
 """
 
 from __future__ import annotations
@@ -83,6 +83,8 @@ from urllib.parse import urlsplit
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import EqualJitterBackoff
 
 from knapsack_lb.errors import InvalidInputError, StalePlanError, StoreUnavailableError
 from knapsack_lb.model import Measurement, VipConfig, WeightPlan
@@ -98,6 +100,12 @@ from knapsack_lb.store import (
 )
 
 RESOURCE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+
+# The store's own retry policy (see create_redis_client): retries of a failed call, and the base
+# and cap in seconds of the jittered exponential wait before each of them
+STORE_RETRIES = 2
+STORE_BACKOFF_BASE = 0.05
+STORE_BACKOFF_CAP = 0.5
 
 _PUT_LATEST = """
 local old = redis.call('HGET', KEYS[1], ARGV[1])
@@ -302,6 +310,19 @@ def create_redis_client(
     (``url`` is one startup node, ``startup_nodes`` more of them, tried when it is down), else the
     plain client. Nothing is sent until first use.
 
+    Both follow the store's own retry policy, not redis-py's default, which changes with its version
+    (8.x retries a cluster call 10 times, about 6 s against a cluster that is down; 6.x 3 times with
+    waits of seconds; a plain client may not retry at all), while the callers retry on their own
+    schedule (the probe worker writes a buffered round with the next one, the controller tries again
+    the next interval). A call that failed to connect, lost its connection or timed out is retried
+    :data:`STORE_RETRIES` times, each after a jittered wait of at most :data:`STORE_BACKOFF_BASE`
+    doubled per failure, capped at :data:`STORE_BACKOFF_CAP`; a ``retry`` in ``connection_options``
+    replaces the policy. A call against an unreachable store therefore fails after at most
+    ``STORE_RETRIES + 1`` attempts, each bounded by ``socket_timeout``, plus the waits (0.3 s at most;
+    redis-py adds 0.25 s before each retry when a cluster answers CLUSTERDOWN): within a second when
+    connections are refused or the cluster is down, within ``(STORE_RETRIES + 1) * socket_timeout``
+    and the waits when they hang.
+
     :class:`InvalidInputError` names ``redis_url`` (not redis://, rediss:// or unix://; on a
     cluster also a unix socket or a database other than 0, which Redis Cluster does not have) or
     ``startup_nodes`` (given without ``cluster``).
@@ -310,6 +331,8 @@ def create_redis_client(
         raise InvalidInputError("redis_url", url, "must start with redis://, rediss:// or unix://")
     options = dict(decode_responses=True, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout,
                    **connection_options)
+    options.setdefault("retry", Retry(EqualJitterBackoff(cap=STORE_BACKOFF_CAP, base=STORE_BACKOFF_BASE),
+                                      STORE_RETRIES))
     if not cluster:
         if startup_nodes:
             raise InvalidInputError("startup_nodes", list(startup_nodes), "are only used with a Redis Cluster "

@@ -17,13 +17,22 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import EqualJitterBackoff, NoBackoff
 
 from knapsack_lb.errors import InvalidInputError, StalePlanError, StoreUnavailableError
 from knapsack_lb.lab.procs import ManagedProcess, free_listening_port, free_port, require_binary, wait_for_port
 from knapsack_lb.model import DipConfig, Measurement, ProbeSpec, VipConfig, WeightPlan
 from knapsack_lb.store import CurveRecord, LatencyStore
 from knapsack_lb.store.memory import MemoryLatencyStore
-from knapsack_lb.store.redis import RedisLatencyStore, redacted_url
+from knapsack_lb.store.redis import (
+    STORE_BACKOFF_BASE,
+    STORE_BACKOFF_CAP,
+    STORE_RETRIES,
+    RedisLatencyStore,
+    create_redis_client,
+    redacted_url,
+)
 from tests.conftest import RedisTarget, make_redis_target
 
 
@@ -35,6 +44,22 @@ class CountingConnection(aioredis.Connection):
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         type(self).sends += 1
         await super().send_packed_command(command, check_health)
+
+
+class CountingBackoff(EqualJitterBackoff):
+    """The store's backoff, counting the waits it computes: one before each retry. Connections
+    that deep-copy their retry share this one, so every wait is counted."""
+
+    def __init__(self) -> None:
+        super().__init__(cap=STORE_BACKOFF_CAP, base=STORE_BACKOFF_BASE)
+        self.computed = 0
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CountingBackoff:
+        return self
+
+    def compute(self, failures: int) -> float:
+        self.computed += 1
+        return super().compute(failures)
 
 
 def _namespace() -> str:
@@ -148,6 +173,50 @@ async def test_an_unreachable_redis_is_a_store_unavailable_error() -> None:
         with pytest.raises(StoreUnavailableError):
             await store.put_plan(WeightPlan(vip="web", weights={"d1": 1.0}, version=1))
         assert await store.ping() is False
+    finally:
+        await store.close()
+
+
+def test_the_client_carries_the_store_retry_policy_unless_the_caller_gives_one() -> None:
+    plain = create_redis_client("redis://127.0.0.1:1/0")
+    cluster = create_redis_client("redis://127.0.0.1:1/0", cluster=True)
+    assert isinstance(plain, aioredis.Redis) and isinstance(cluster, RedisCluster)
+    for retry in (plain.get_retry(), cluster.retry):
+        assert isinstance(retry, Retry) and retry.get_retries() == STORE_RETRIES
+    own = Retry(NoBackoff(), 5)
+    assert create_redis_client("redis://127.0.0.1:1/0", retry=own).get_retry() is own
+    assert create_redis_client("redis://127.0.0.1:1/0", cluster=True, retry=own).retry is own
+
+
+async def test_a_call_is_tried_store_retries_plus_one_times_then_fails() -> None:
+    """Against a server that accepts each connection and closes it at once, and against a port
+    nothing listens on (where the waits before the retries are counted instead)."""
+    accepted = 0
+
+    async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal accepted
+        accepted += 1
+        writer.close()
+
+    server = await asyncio.start_server(drop, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    store = RedisLatencyStore.from_url(f"redis://127.0.0.1:{port}/0", namespace=_namespace())
+    try:
+        with pytest.raises(StoreUnavailableError):
+            await store.list_vips()
+        assert accepted == STORE_RETRIES + 1
+    finally:
+        await store.close()
+        server.close()
+        await server.wait_closed()
+
+    backoff = CountingBackoff()
+    store = RedisLatencyStore.from_url(f"redis://127.0.0.1:{free_port()}/0", namespace=_namespace(),
+                                       retry=Retry(backoff, STORE_RETRIES))
+    try:
+        with pytest.raises(StoreUnavailableError):
+            await store.list_vips()
+        assert backoff.computed == STORE_RETRIES
     finally:
         await store.close()
 

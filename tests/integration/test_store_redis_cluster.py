@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
 from redis.crc import key_slot
 
 from knapsack_lb.cli.service_commands import run_checks
@@ -29,10 +30,10 @@ from knapsack_lb.errors import InvalidInputError, StoreUnavailableError
 from knapsack_lb.lab.procs import RedisClusterServers, RedisServer, free_cluster_port
 from knapsack_lb.lab.testbed.emulator import EmulatorConfig, EmulatorFleet
 from knapsack_lb.model import DipConfig, Measurement, ProbeSpec, VipConfig, WeightPlan
-from knapsack_lb.store.redis import RedisLatencyStore
+from knapsack_lb.store.redis import STORE_RETRIES, RedisLatencyStore
 from probes.worker import ProbeWorker, ProbeWorkerOptions
 from tests.integration.processes import counts, klb, terminate, wait_until, write_config
-from tests.integration.test_store_redis import measurement, vip_config
+from tests.integration.test_store_redis import CountingBackoff, measurement, vip_config
 
 DIPS = ("d1", "d2", "d3")
 
@@ -393,6 +394,15 @@ async def test_a_cluster_with_slots_and_no_live_master_is_named_by_check_and_at_
     try:
         with pytest.raises(StoreUnavailableError):
             await store.put_vip(vip_config())
+    finally:
+        await store.close()
+    backoff = CountingBackoff()  # the store's policy, its waits counted: a wait before each retry
+    store = RedisLatencyStore.from_url(str(settings["url"]), cluster=True, retry=Retry(backoff, STORE_RETRIES))
+    try:
+        for calls in (1, 2):  # every call, not only the first
+            with pytest.raises(StoreUnavailableError):
+                await store.put_vip(vip_config())
+            assert backoff.computed == calls * STORE_RETRIES
     finally:
         await store.close()
 
