@@ -56,7 +56,8 @@ end the worker. While Redis is down, leases cannot be renewed; two workers may t
 one DIP for a round or two after it returns, until leases settle. A stop never waits on a store
 that hangs: a refresh in flight is cancelled, the buffered rounds get ``STOP_FLUSH_SECONDS`` to be
 written and the leases ``STOP_RELEASE_SECONDS`` to be handed back (else they expire), well
-within the service's stop grace (a cluster client retries a downed cluster for about 6 s per call).
+within the service's stop grace (a hung Redis holds each store call for its socket timeout, once per
+attempt).
 """
 
 from __future__ import annotations

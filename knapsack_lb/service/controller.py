@@ -30,7 +30,7 @@ Stopping: when the stop event is set (SIGTERM, SIGINT), every VIP this process r
 plan ``loop.on_stop`` names before its lease is released (:meth:`ControlLoop.stop`): by default the
 last solved plan the LB confirmed, so a controller stopped while learning never leaves the LB on a
 measurement plan. A stop ends within the service's stop grace even when every store call hangs (a
-cluster client retries a downed cluster for seconds per call): a pass in flight gets
+hung Redis holds each call for its socket timeout, once per attempt): a pass in flight gets
 ``STOP_TICK_SECONDS`` and is then cancelled as a crash would end it, the stop plans and the lease
 releases their own bounds; what is cut short is logged, and unreleased leases expire by their TTL.
 
