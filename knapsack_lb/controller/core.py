@@ -72,6 +72,7 @@ from knapsack_lb.controller.estimation import (
     light_latency,
     mean_lower_bound,
     pool_prior,
+    pooled,
     probe_spread,
     round_evidence,
     seen_under_load,
@@ -86,7 +87,7 @@ from knapsack_lb.controller.guard import (
     Rollback,
     moved,
 )
-from knapsack_lb.controller.least_connections import CapacityInterval, capacity_split
+from knapsack_lb.controller.least_connections import CapacityInterval, PeerLatency, capacity_split, slow_hosts
 from knapsack_lb.controller.measurement import DipMeasurement
 from knapsack_lb.controller.rails import apply_rails, capacity_proportional
 from knapsack_lb.controller.scheduling import MeasurementRequest, schedule_round
@@ -1430,14 +1431,18 @@ class VipController:
     def _relative_capacities(self, names: list[str], total: float, pins: Mapping[str, float]) -> SolveResult:
         """Weights for a least-connections LB (:mod:`~knapsack_lb.controller.least_connections`): the
         unpinned DIPs' capacities between the learner's confidence bounds (``w_max`` and ``ceiling``),
-        at the operator's split (their start shares) wherever the bounds allow it. The caps that bound
+        at the operator's split (their start shares; one of a DIP slower than the DIPs weighted alike
+        scaled down by its speed, :func:`slow_hosts`) wherever the bounds allow it. The caps that bound
         the solver's shares do not apply: the LB, not the weight, decides a DIP's share, and a DIP that
         slows down holds more connections and gets fewer requests. Raises what
         :func:`capacity_split` raises (no capacity to split by)."""
         pinned = sum(pins.get(n, 0.0) for n in names)
-        free = {n: CapacityInterval(self.dips[n].w_max, max(self.dips[n].ceiling, self.dips[n].w_max, 1e-9),
-                                    self.dips[n].start_share)
-                for n in names if n not in pins}
+        unpinned = [n for n in names if n not in pins]
+        slower = slow_hosts(self._peer_latencies(unpinned), self.settings.learning.confidence)
+        prior = {n: self.dips[n].start_share for n in unpinned}
+        prior.update({n: share * slower[n] for n, share in prior.items() if share and n in slower})
+        free = {n: CapacityInterval(self.dips[n].w_max, max(self.dips[n].ceiling, self.dips[n].w_max, 1e-9), prior[n])
+                for n in unpinned}
         weights = {n: pins[n] for n in names if n in pins}
         split = capacity_split(free, total - pinned) if free else None
         if split is not None:
@@ -1445,8 +1450,22 @@ class VipController:
         predicted = {n: self.dips[n].curve_obj().latency(w) for n, w in weights.items()}
         finite = [w * predicted[n] for n, w in weights.items() if math.isfinite(predicted[n])]
         note = split.describe() if split is not None else ""
+        if slower:
+            note += "; slower than the DIPs weighted alike: " + ", ".join(
+                f"{n} x{f:.2f}" for n, f in sorted(slower.items()))
         return SolveResult(weights, predicted, sum(finite) / max(total, 1e-12), PlanMethod.RELATIVE_CAPACITY, 0.0,
                            note)
+
+    def _peer_latencies(self, names: Sequence[str]) -> dict[str, PeerLatency]:
+        """Each of ``names`` with an operator share and a successful round: its rounds pooled, for
+        :func:`slow_hosts`."""
+        out = {}
+        for name in names:
+            dip = self.dips[name]
+            if dip.start_share and any(r.n > 0 and math.isfinite(r.mean) for r in dip.evidence):
+                rounds = pooled(dip.evidence)
+                out[name] = PeerLatency(dip.start_share, rounds.mean, rounds.stderr)
+        return out
 
     def _limit(self, name: str, cap: float) -> float:
         """The most the solver can give a DIP: ``cap``, below its curve's asymptote."""

@@ -22,16 +22,31 @@ minimises the prior-weighted log distance of ``scale * prior`` outside the inter
 piecewise-linear function whose minimum lies at an interval's end. A DIP with no prior (added
 after the controller started) gets its lower bound, the cautious cap the learner grows.
 
+Slower hosts (:func:`slow_hosts`). At 50-80 % load no knee is seen, so the intervals rarely move
+a DIP, and a DIP on a slower host (a noisy neighbour) keeps the share its size got from the
+operator. Least connections shows it anyway: DIPs the operator weighted alike hold alike many
+requests in flight, ``N``, and one that serves them at ``min(N, c)`` times its speed answers
+each in ``N / throughput`` - so among DIPs of one size their latency ratio is their speed ratio
+at any load (Little's law), processor sharing or FCFS. A DIP whose latency, its rounds pooled, lies
+above the median of its alike peers by more than ``z`` standard errors of both has its prior
+scaled by that median over its latency before the split: its capacity, as far as its peers
+show it. Only down: a DIP faster than its peers is what the operator's weights assumed.
+
 How it fails: it cannot beat the operator's weights where they are already the capacities, and
 it learns a DIP's capacity only as fast as its interval narrows (a DIP that never nears its knee
 keeps its prior). Intervals that contradict every common scale (the operator's weights far from
 the capacities) are resolved in favour of the larger prior mass, and the DIPs outside move to
-their bounds.
+their bounds. A slower host is found only among at least ``MIN_PEERS`` DIPs of its share (with
+two, the slower may be the normal one), only as precisely as its rounds pool (behind an LB that
+times its requests, thousands a round), and only where the operator's equal weights mean equal
+sizes; a DIP whose share changed since the controller started (added later) has no prior and no
+peers.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -111,3 +126,41 @@ def capacity_split(intervals: Mapping[str, CapacityInterval], total: float = 1.0
     moved = tuple(sorted(name for name, iv in intervals.items()
                          if iv.prior and not math.isclose(capacity[name], scale * iv.prior, rel_tol=1e-9)))
     return CapacitySplit({name: total * c / mass for name, c in capacity.items()}, scale, moved)
+
+
+MIN_PEERS = 3  # the median of three or more alike DIPs is one of the majority, not the slow one
+
+
+@dataclass(frozen=True)
+class PeerLatency:
+    """A DIP's latency behind least connections (its rounds pooled: mean and standard error, s) and
+    the operator's share for it; DIPs of one share are taken to be alike."""
+
+    prior: float
+    mean: float
+    stderr: float
+
+
+def slow_hosts(latencies: Mapping[str, PeerLatency], z: float) -> dict[str, float]:
+    """For each DIP significantly slower than the median of the DIPs of its share (at least
+    ``MIN_PEERS`` of them), that median over its latency (below 1): its speed relative to its peers
+    (module docstring). A DIP is significantly slower when its mean exceeds the median by more than
+    ``z`` times the root sum of squares of its standard error and the median standard error of its
+    group. DIPs with a non-finite or non-positive mean or a non-finite error are left out; raises
+    :class:`InvalidInputError` for ``z`` not a positive number."""
+    if not math.isfinite(z) or z <= 0:
+        raise InvalidInputError("z", z, "must be a positive number of standard errors")
+    groups: dict[float, list[tuple[str, PeerLatency]]] = {}
+    for name, peer in latencies.items():
+        if peer.mean > 0 and math.isfinite(peer.mean) and math.isfinite(peer.stderr) and peer.prior > 0:
+            groups.setdefault(round(peer.prior, 9), []).append((name, peer))
+    slower: dict[str, float] = {}
+    for members in groups.values():
+        if len(members) < MIN_PEERS:
+            continue
+        median = statistics.median(p.mean for _, p in members)
+        median_error = statistics.median(p.stderr for _, p in members)
+        for name, peer in members:
+            if peer.mean - median > z * math.hypot(peer.stderr, median_error):
+                slower[name] = median / peer.mean
+    return slower

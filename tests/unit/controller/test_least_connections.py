@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import pytest
 
 from knapsack_lb.controller.core import VipController
-from knapsack_lb.controller.least_connections import CapacityInterval, best_scale, capacity_split
+from knapsack_lb.controller.least_connections import (
+    MIN_PEERS,
+    CapacityInterval,
+    PeerLatency,
+    best_scale,
+    capacity_split,
+    slow_hosts,
+)
 from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.lab.fluid import FluidDip, FluidModel
 from knapsack_lb.model import PlanMethod
 
 from .loop import FAST, Loop, vip_config
@@ -114,3 +123,60 @@ def test_a_vip_switched_to_least_connections_gets_capacities_on_its_next_step_wi
     assert loop.ctl.plan is not None and loop.ctl.plan.method is not PlanMethod.RELATIVE_CAPACITY
     plan = loop.ctl.step(loop.lab.now + 5.0, {}, config=vip_config(list(operator), balancing="least_connections"))
     assert plan is not None and plan.method is PlanMethod.RELATIVE_CAPACITY
+
+
+def _alike(*means: float, prior: float = 0.25, stderr: float = 0.001) -> dict[str, PeerLatency]:
+    return {f"d{i}": PeerLatency(prior, mean, stderr) for i, mean in enumerate(means)}
+
+
+def test_a_dip_slower_than_its_alike_peers_gets_their_median_over_its_latency() -> None:
+    """Four DIPs the operator weighted alike; one answers in 150 ms where the others answer in
+    100 ms: its speed relative to them is 2/3. The faster one (90 ms) is not scaled up."""
+    slower = slow_hosts(_alike(0.100, 0.090, 0.100, 0.150, 0.100), z=2.0)
+    assert slower == pytest.approx({"d3": 2 / 3})
+
+
+def test_a_difference_within_the_errors_is_no_slower_host() -> None:
+    """103 ms against a median of 100 ms, each known to 2 ms: 3 ms < 2 x hypot(2, 2) = 5.7 ms."""
+    assert slow_hosts(_alike(0.100, 0.100, 0.100, 0.103, stderr=0.002), z=2.0) == {}
+    assert slow_hosts(_alike(0.100, 0.100, 0.100, 0.106, stderr=0.002), z=2.0) == pytest.approx({"d3": 0.100 / 0.106})
+
+
+def test_only_dips_of_one_share_are_compared_and_only_among_enough_of_them() -> None:
+    """A 1-vCPU DIP queues more than the 8-vCPU ones at the same utilisation: a different share is
+    a different size, never a slower host; two alike DIPs cannot tell which of them is slow."""
+    pool = {**_alike(0.100, 0.100, 0.100, prior=0.3), "small": PeerLatency(0.1, 0.300, 0.001)}
+    assert slow_hosts(pool, z=2.0) == {}
+    assert MIN_PEERS == 3
+    assert slow_hosts(_alike(0.100, 0.200), z=2.0) == {}
+
+
+def test_unknown_latencies_are_left_out_and_a_bad_z_names_itself() -> None:
+    pool = {**_alike(0.100, 0.100, 0.100, 0.150), "x": PeerLatency(0.25, math.nan, 0.001),
+            "y": PeerLatency(0.25, 0.5, math.inf)}
+    assert slow_hosts(pool, z=2.0) == pytest.approx({"d3": 2 / 3})
+    for z in (0.0, -1.0, math.nan):
+        with pytest.raises(InvalidInputError) as err:
+            slow_hosts(pool, z=z)
+        assert err.value.field == "z"
+
+
+def test_behind_least_connections_a_dip_on_a_slower_host_gets_less_than_its_alike_peers() -> None:
+    """Four 2-core DIPs the operator weighted alike, at 60 % load; ``slow`` runs at 70 % of the
+    others' speed (a noisy neighbour) and no knee is seen on any of them. The controller sends
+    relative capacities with ``slow`` below the others, says why, and leaves the three alike."""
+    dips = [FluidDip("a", 2, 100.0), FluidDip("b", 2, 100.0), FluidDip("c", 2, 100.0), FluidDip("slow", 2, 70.0)]
+    model = FluidModel(dips, total_rate=0.6 * sum(d.capacity for d in dips), seed=5)
+    operator = dict.fromkeys(model.names, 0.25)
+    model.set_weights(operator, 0.0)
+    loop = Loop(model, VipController("vip", model.names, FAST, rng=random.Random(1)))
+    loop.ctl.observe_lb(operator, 0.0)
+    config = vip_config(model.names, balancing="least_connections")
+    for _ in range(20):
+        loop.tick(config)
+    plan = loop.ctl.plan
+    assert plan is not None and plan.method is PlanMethod.RELATIVE_CAPACITY
+    w = plan.weights
+    assert w["slow"] < 0.9 * w["a"]
+    assert w["a"] == pytest.approx(w["b"]) and w["b"] == pytest.approx(w["c"])
+    assert "slower than the DIPs weighted alike: slow x0." in plan.reasons[-1]
