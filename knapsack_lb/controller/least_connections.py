@@ -25,12 +25,13 @@ after the controller started) gets its lower bound, the cautious cap the learner
 Slower hosts (:func:`slow_hosts`). At 50-80 % load no knee is seen, so the intervals rarely move
 a DIP, and a DIP on a slower host (a noisy neighbour) keeps the share its size got from the
 operator. Least connections shows it anyway: DIPs the operator weighted alike hold alike many
-requests in flight, ``N``, and one that serves them at ``min(N, c)`` times its speed answers
-each in ``N / throughput`` - so among DIPs of one size their latency ratio is their speed ratio
-at any load (Little's law), processor sharing or FCFS. A DIP whose latency, its rounds pooled, lies
-above the median of its alike peers by more than ``z`` standard errors of both has its prior
-scaled by that median over its latency before the split: its capacity, as far as its peers
-show it. Only down: a DIP faster than its peers is what the operator's weights assumed.
+requests in flight, ``N``, and one that serves them at ``min(N, c)`` times its speed answers each
+in ``N / throughput`` (Little's law) - so while their weights are alike, the latencies of DIPs of
+one size are inversely proportional to their speeds at any load, processor sharing or FCFS. A DIP
+whose latency, its rounds pooled, lies above the median of its alike peers by more than ``z``
+standard errors of both has its prior scaled by that median over its latency before the split:
+its capacity, as far as its peers show it. Only down: a DIP faster than its peers is what the
+operator's weights assumed.
 
 How it fails: it cannot beat the operator's weights where they are already the capacities, and
 it learns a DIP's capacity only as fast as its interval narrows (a DIP that never nears its knee
@@ -39,8 +40,10 @@ the capacities) are resolved in favour of the larger prior mass, and the DIPs ou
 their bounds. A slower host is found only among at least ``MIN_PEERS`` DIPs of its share (with
 two, the slower may be the normal one), only as precisely as its rounds pool (behind an LB that
 times its requests, thousands a round), and only where the operator's equal weights mean equal
-sizes; a DIP whose share changed since the controller started (added later) has no prior and no
-peers.
+sizes; a DIP added after the controller started has no prior and no peers. Once a slower host's
+weight is cut it holds fewer requests: where its workers are free that leaves its latency as it is,
+where they are full (92 % load) its latency falls with its weight and the cut is undone in part,
+so its share moves between the operator's and its speed's.
 """
 
 from __future__ import annotations
