@@ -468,16 +468,15 @@ class ProbeWorker:
 
     async def flush(self) -> bool:
         """Write every buffered round in one pipeline; False (and nothing lost) if the store is down."""
-        pending = self.buffer.peek_all()
-        rounds = len(self.buffer)
-        if not rounds:
+        pending, newest = self.buffer.pending()
+        if not newest:
             return True
         try:
             await self.store.put_measurements(pending)
         except Exception as error:
             self._store_failed("put_measurements", error)
             return False
-        self.buffer.pop_rounds(rounds)
+        self.buffer.written(newest)
         self.stats.measurements_written += len(pending)
         self._store_recovered()
         return True

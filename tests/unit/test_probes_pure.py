@@ -78,10 +78,32 @@ def test_buffer_drops_the_oldest_beyond_its_bound_and_counts() -> None:
     assert dropped == [0, 0, 0, 1, 1]
     assert (buffer.dropped_rounds, buffer.dropped_measurements) == (2, 4)
     assert [m.time for m in buffer.peek_all()] == [2.0, 2.0, 3.0, 3.0, 4.0, 4.0]
-    buffer.pop_rounds(2)
-    assert [m.time for m in buffer.peek_all()] == [4.0, 4.0]
+    pending, newest = buffer.pending()
+    assert len(pending) == 6
+    buffer.written(newest)
+    assert len(buffer) == 0 and buffer.pending() == ([], 0)
     with pytest.raises(ValueError, match="max_buffered_rounds"):
         RoundBuffer(0)
+
+
+def test_rounds_pushed_while_a_write_is_in_flight_stay_though_the_bound_dropped_older_ones() -> None:
+    """A write takes rounds 1 and 2; two rounds come before it succeeds, and the bound of two
+    drops 1 and 2 to keep them: the success forgets nothing unwritten (popping as many rounds as
+    were taken would lose rounds 3 and 4)."""
+    buffer = RoundBuffer(max_rounds=2)
+    buffer.push(_round(1.0))
+    buffer.push(_round(2.0))
+    pending, newest = buffer.pending()
+    assert [m.time for m in pending] == [1.0, 1.0, 2.0, 2.0]
+    buffer.push(_round(3.0))
+    buffer.push(_round(4.0))
+    buffer.written(newest)
+    assert [m.time for m in buffer.peek_all()] == [3.0, 3.0, 4.0, 4.0]
+    buffer.push(_round(5.0))  # 4 and 5 in flight; 6 comes and the bound drops 4: the success forgets 5 only
+    pending, newest = buffer.pending()
+    buffer.push(_round(6.0))
+    buffer.written(newest)
+    assert [m.time for m in buffer.peek_all()] == [6.0, 6.0]
 
 
 def test_worker_options_refuse_bad_values_by_name() -> None:

@@ -411,15 +411,15 @@ async def _write_rounds(job: WriterJob, results: Any) -> dict[str, Any]:
 
     async def flush() -> None:
         """The probe worker's flush: everything buffered in one call; kept for the next one if the store fails."""
-        pending, held = buffer.peek_all(), len(buffer)
-        if not held:
+        pending, newest = buffer.pending()
+        if not newest:
             return
         try:
             await store.put_measurements(pending)
         except Exception:  # the probe worker's flush: keep the rounds, write them with the next ones
             stats["write_failures"] += 1
             return
-        buffer.pop_rounds(held)
+        buffer.written(newest)
         stats["measurements_written"] += len(pending)
         if job.record_acks:
             for m in pending:
