@@ -1462,9 +1462,13 @@ class VipController:
         out = {}
         for name in names:
             dip = self.dips[name]
-            if dip.start_share and any(r.n > 0 and math.isfinite(r.mean) for r in dip.evidence):
+            if not dip.start_share:
+                continue
+            try:
                 rounds = pooled(dip.evidence)
-                out[name] = PeerLatency(dip.start_share, rounds.mean, rounds.stderr)
+            except ValueError:  # no successful probe yet
+                continue
+            out[name] = PeerLatency(dip.start_share, rounds.mean, rounds.stderr)
         return out
 
     def _limit(self, name: str, cap: float) -> float:
