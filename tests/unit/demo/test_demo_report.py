@@ -9,7 +9,14 @@ import pytest
 
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.lab.demo.loadgen import LoadSpec, _parse_head
-from knapsack_lb.lab.demo.report import build_report, improvement, phase_metrics, plot_report, write_report
+from knapsack_lb.lab.demo.report import (
+    build_report,
+    improvement,
+    phase_metrics,
+    plot_report,
+    summary_lines,
+    write_report,
+)
 from knapsack_lb.lab.demo.settings import DemoSettings
 
 
@@ -74,6 +81,17 @@ def test_improvement_and_report(tmp_path: Path) -> None:
                         for k, v in report["phases"].items()}
     png = plot_report(report, {"roundrobin": [0.1, 0.2], "knapsacklb": [0.05, 0.1]}, tmp_path / "demo.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_summary_names_the_weights_in_force_beside_the_last_plan() -> None:
+    metrics = phase_metrics(_samples(), {}, 10.0, {}, ["a", "b"])
+    counted = dict(metrics, mean_weights={"a": 0.55, "b": 0.45})
+    report = build_report({}, {"roundrobin": dict(metrics, mean=0.4), "knapsacklb": counted}, {"a": 0.7, "b": 0.3}, {})
+    lines = summary_lines(report)
+    assert "learned weights (the plan at the end of its phase): a 0.700, b 0.300" in lines
+    assert "weights in force while counted (mean): a 0.550, b 0.450" in lines
+    without = build_report({}, {"knapsacklb": metrics}, {"a": 0.7, "b": 0.3}, {})
+    assert not any(line.startswith("weights in force") for line in summary_lines(without))
 
 
 def test_live_view_on_a_terminal_and_plain() -> None:
