@@ -111,12 +111,14 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
     if http is not None:
         lines.append(f"HTTP leastconn + learned weights vs KnapsackLB (L4): {pct(http)} lower mean latency "
                      "(request-level least connections is near-optimal on its own)")
-    weights = ", ".join(f"{n} {w:.3f}" for n, w in report["learned_weights"].items())
-    lines.append(f"learned weights (the plan at the end of its phase): {weights}")
+    def listed(weights: Mapping[str, float]) -> str:
+        return ", ".join(f"{n} {w:.3f}" for n, w in weights.items())
+
+    lines.append(f"learned weights (the plan at the end of its phase): {listed(report['learned_weights'])}")
     # the controller keeps learning while its phase is counted: these are the weights its latency came from
     in_force = report["phases"].get("knapsacklb", {}).get("mean_weights")
     if in_force:
-        lines.append("weights in force while counted (mean): " + ", ".join(f"{n} {w:.3f}" for n, w in in_force.items()))
+        lines.append(f"weights in force while counted (mean): {listed(in_force)}")
     return lines
 
 
