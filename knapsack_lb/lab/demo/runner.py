@@ -259,16 +259,19 @@ class DemoRun:
         loop = asyncio.get_running_loop()
         pending_plan: list[asyncio.Future[WeightPlan | None]] = []
 
+        def count(plan: WeightPlan | None) -> None:
+            if plan is not None and plan.version != state["last_version"]:
+                state["last_version"] = plan.version
+                state["plans"] += 1
+
         def progress(line: dict[str, Any]) -> None:
             if not pending_plan or pending_plan[0].done():
                 if pending_plan:
                     plan = pending_plan[0].result()
-                    if plan is not None and plan.version != state["last_version"]:
-                        state["last_version"] = plan.version
-                        state["plans"] += 1
-                        if watch.observe(plan, time.monotonic()):
-                            view.message(f"  solved plan after {time.monotonic() - started:.0f} s: "
-                                         + ", ".join(f"{n} {w:.3f}" for n, w in plan.weights.items()))
+                    count(plan)
+                    if watch.observe(plan, time.monotonic()) and plan is not None:
+                        view.message(f"  solved plan after {time.monotonic() - started:.0f} s: "
+                                     + ", ".join(f"{n} {w:.3f}" for n, w in plan.weights.items()))
                     pending_plan.clear()
                 pending_plan.append(asyncio.ensure_future(store.current_plan(VIP), loop=loop))
             weights.update(adapter.read() or {})
@@ -283,11 +286,22 @@ class DemoRun:
             now = time.monotonic()
             return now - started >= s.learn_min_seconds and watch.settled(now)
 
-        await run_loadgen(tb, s, s.learn_max_seconds, 0.0, s.seed * 1000 + 99,
-                          self.out_dir / "run" / "load-learning.json", progress, stop_when=done)
-        for future in pending_plan:
-            with contextlib.suppress(Exception):
-                await future
+        while True:
+            left = s.learn_max_seconds - (time.monotonic() - started)
+            samples = await run_loadgen(tb, s, max(1.0, left), 0.0, s.seed * 1000 + 99,
+                                        self.out_dir / "run" / "load-learning.json", progress, stop_when=done)
+            for future in pending_plan:
+                with contextlib.suppress(Exception):
+                    await future
+            pending_plan.clear()
+            if runner.stop.is_set() or samples is not None:
+                break  # stopped, or the learning time is up
+            # the decision was made on a poll up to a second or two old: a plan stored since then is in force
+            plan = await store.current_plan(VIP)
+            count(plan)
+            if watch.confirm(plan, time.monotonic()):
+                break
+            view.message("  a plan moved the weights as learning ended: learning goes on")
         self.learning = {
             "seconds": time.monotonic() - started,
             "converged": watch.solved_at is not None,

@@ -60,6 +60,13 @@ class SettleWatch:
             self.changed_at, self.weights = now, dict(plan.weights)
         return first
 
+    def confirm(self, plan: WeightPlan | None, now: float) -> bool:
+        """Take the plan in force at ``now``, read after :meth:`settled` said yes on an earlier poll,
+        and say whether learning is still settled: a plan that came between that poll and the
+        decision and moved a weight starts the window again."""
+        self.observe(plan, now)
+        return self.settled(now)
+
     def settled(self, now: float) -> bool:
         """A solved plan has been in force, unmoved, for the window."""
         return self.weights is not None and self.changed_at is not None and now - self.changed_at >= self.window

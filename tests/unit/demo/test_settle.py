@@ -35,6 +35,15 @@ def test_settled_only_after_the_window_without_a_move() -> None:
     assert watch.solved_at == 1.0
 
 
+def test_a_plan_stored_after_the_deciding_poll_is_confirmed_or_starts_the_window_again() -> None:
+    watch = SettleWatch(window=10.0)
+    watch.observe(_plan(0.6), 0.0)
+    assert watch.settled(10.5)  # decided on a poll that saw the plan of 0 s
+    assert watch.confirm(_plan(0.6), 11.0)  # the plan in force when learning ends is that one
+    assert not watch.confirm(_plan(0.75), 11.5)  # a plan came between the poll and the decision
+    assert not watch.settled(21.0) and watch.settled(21.5)
+
+
 def test_a_plan_that_is_not_solved_is_a_move() -> None:
     watch = SettleWatch(window=10.0)
     watch.observe(_plan(0.6), 0.0)
