@@ -99,6 +99,11 @@ def comparison_table(report: Mapping[str, Any]) -> Table:
     return table
 
 
+def listed(weights: Mapping[str, float]) -> str:
+    """Weights as the demo prints them: ``dip-1 0.208, dip-2 0.208, ...``."""
+    return ", ".join(f"{n} {w:.3f}" for n, w in weights.items())
+
+
 def summary_lines(report: Mapping[str, Any]) -> list[str]:
     def pct(value: float | None) -> str:
         return "n/a" if value is None else f"{value:.1%}"
@@ -111,9 +116,6 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
     if http is not None:
         lines.append(f"HTTP leastconn + learned weights vs KnapsackLB (L4): {pct(http)} lower mean latency "
                      "(request-level least connections is near-optimal on its own)")
-    def listed(weights: Mapping[str, float]) -> str:
-        return ", ".join(f"{n} {w:.3f}" for n, w in weights.items())
-
     lines.append(f"learned weights (the plan at the end of its phase): {listed(report['learned_weights'])}")
     # the controller keeps learning while its phase is counted: these are the weights its latency came from
     in_force = report["phases"].get("knapsacklb", {}).get("mean_weights")

@@ -35,6 +35,7 @@ from knapsack_lb.lab.demo.phases import PHASES, Phase
 from knapsack_lb.lab.demo.report import (
     build_report,
     comparison_table,
+    listed,
     phase_metrics,
     plot_report,
     summary_lines,
@@ -270,8 +271,7 @@ class DemoRun:
                     plan = pending_plan[0].result()
                     count(plan)
                     if watch.observe(plan, time.monotonic()) and plan is not None:
-                        view.message(f"  solved plan after {time.monotonic() - started:.0f} s: "
-                                     + ", ".join(f"{n} {w:.3f}" for n, w in plan.weights.items()))
+                        view.message(f"  solved plan after {time.monotonic() - started:.0f} s: {listed(plan.weights)}")
                     pending_plan.clear()
                 pending_plan.append(asyncio.ensure_future(store.current_plan(VIP), loop=loop))
             weights.update(adapter.read() or {})
