@@ -338,8 +338,9 @@ class OpsTour:
                 watch.observe(await store.current_plan(VIP), time.monotonic())
                 await asyncio.sleep(0.5)
 
-        def settled() -> bool:
-            return watch.settled(time.monotonic())
+        async def settled() -> bool:
+            # the watcher's last poll may be half a second old: a plan stored since then is in force
+            return watch.settled(time.monotonic()) and watch.confirm(await store.current_plan(VIP), time.monotonic())
 
         record = await self._step(tb, store, reader, "learn", "klb starts on the running pool", watch_plans,
                                   duration=s.learn_max_seconds, stop_when=settled)
@@ -352,7 +353,7 @@ class OpsTour:
 
     async def _step(self, tb: DemoTestbed, store: LatencyStore, reader: Any, key: str, action: str,
                     do: Callable[[], Awaitable[None]] | None, *, duration: float | None = None,
-                    stop_when: Callable[[], bool] | None = None) -> StepRecord:
+                    stop_when: Callable[[], Awaitable[bool]] | None = None) -> StepRecord:
         s = self.settings
         duration = duration or s.step_seconds
         record = StepRecord(key, action, time.monotonic() - self._t0)
@@ -403,7 +404,7 @@ class OpsTour:
                 samples["arrival"] += [elapsed + a for a in part["arrival"]]
                 samples["errors"] += int(part.get("errors", 0))
                 samples["timeouts"] += int(part.get("timeouts", 0))
-                if stop_when is not None and stop_when():
+                if stop_when is not None and await stop_when():
                     break
         finally:
             watcher.cancel()
