@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from knapsack_lb.model import Measurement
 
@@ -55,3 +55,13 @@ class RoundBuffer:
         """Forget the rounds numbered ``through`` or lower (a write of :meth:`pending` succeeded)."""
         while self._rounds and self._rounds[0][0] <= through:
             self._rounds.popleft()
+
+    async def write(self, put: Callable[[list[Measurement]], Awaitable[None]]) -> list[Measurement]:
+        """Write every buffered round in one call of ``put`` (a store's ``put_measurements``) and forget
+        them; returns what was written (empty when nothing was buffered). When ``put`` raises, the
+        rounds stay for the next write and the error propagates."""
+        pending, newest = self.pending()
+        if newest:
+            await put(pending)
+            self.written(newest)
+        return pending

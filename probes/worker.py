@@ -468,17 +468,14 @@ class ProbeWorker:
 
     async def flush(self) -> bool:
         """Write every buffered round in one pipeline; False (and nothing lost) if the store is down."""
-        pending, newest = self.buffer.pending()
-        if not newest:
-            return True
         try:
-            await self.store.put_measurements(pending)
+            written = await self.buffer.write(self.store.put_measurements)
         except Exception as error:
             self._store_failed("put_measurements", error)
             return False
-        self.buffer.written(newest)
-        self.stats.measurements_written += len(pending)
-        self._store_recovered()
+        if written:
+            self.stats.measurements_written += len(written)
+            self._store_recovered()
         return True
 
     # --- loops --------------------------------------------------------------------------------------------

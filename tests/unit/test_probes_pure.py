@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -104,6 +105,31 @@ def test_rounds_pushed_while_a_write_is_in_flight_stay_though_the_bound_dropped_
     buffer.push(_round(6.0))
     buffer.written(newest)
     assert [m.time for m in buffer.peek_all()] == [6.0, 6.0]
+
+
+def test_a_write_forgets_only_what_it_wrote_and_a_failed_one_keeps_everything() -> None:
+    buffer = RoundBuffer(max_rounds=4)
+    stored: list[float] = []
+
+    async def failing(measurements: list[Measurement]) -> None:
+        raise ConnectionError("store down")
+
+    async def put_while_a_round_comes(measurements: list[Measurement]) -> None:
+        buffer.push(_round(3.0))  # a round finished while the write was in flight
+        stored.extend(m.time for m in measurements)
+
+    async def run() -> None:
+        assert await buffer.write(failing) == []  # nothing buffered: put is not called
+        buffer.push(_round(1.0))
+        buffer.push(_round(2.0))
+        with pytest.raises(ConnectionError):
+            await buffer.write(failing)
+        assert [m.time for m in buffer.peek_all()] == [1.0, 1.0, 2.0, 2.0]
+        written = await buffer.write(put_while_a_round_comes)
+        assert [m.time for m in written] == stored == [1.0, 1.0, 2.0, 2.0]
+        assert [m.time for m in buffer.peek_all()] == [3.0, 3.0]
+
+    asyncio.run(run())
 
 
 def test_worker_options_refuse_bad_values_by_name() -> None:

@@ -411,18 +411,14 @@ async def _write_rounds(job: WriterJob, results: Any) -> dict[str, Any]:
 
     async def flush() -> None:
         """The probe worker's flush: everything buffered in one call; kept for the next one if the store fails."""
-        pending, newest = buffer.pending()
-        if not newest:
-            return
         try:
-            await store.put_measurements(pending)
+            written = await buffer.write(store.put_measurements)
         except Exception:  # the probe worker's flush: keep the rounds, write them with the next ones
             stats["write_failures"] += 1
             return
-        buffer.written(newest)
-        stats["measurements_written"] += len(pending)
+        stats["measurements_written"] += len(written)
         if job.record_acks:
-            for m in pending:
+            for m in written:
                 acked[(m.vip, m.time)] += 1
 
     k = 0
