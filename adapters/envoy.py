@@ -26,6 +26,10 @@ Semantics (docs/design.md, "Facts about the real load balancers"):
 * ``read()`` asks Envoy's admin API (``/clusters?format=json``) which hosts and weights the
   cluster really uses. The ``lb_policy`` must honour weights: ``ROUND_ROBIN`` (smooth
   weighted, EDF) or ``LEAST_REQUEST``; ``RANDOM`` ignores them.
+* ``traffic()`` reads the same page's per-host ``rq_total`` counters: the requests Envoy sent
+  each DIP, from which the controller takes each DIP's real share of the VIP between two reads
+  (as HAProxy's ``show stat``). Behind ``tcp_proxy`` (layer 4) Envoy counts no requests per host
+  and no bytes either, so the counters stay at 0 and no round is stamped with a share.
 
 How it fails: an unreachable Envoy or admin API, a rejected assignment, or an Envoy that
 does not take the file within ``verify_timeout`` give ``ApplyResult(ok=False, reason=...)``;
@@ -51,7 +55,7 @@ from pydantic import ConfigDict, Field, model_validator
 from adapters.base import AdapterSettings, ApplyResult, CheckResult, parse_settings, quantise
 from knapsack_lb.clock import Clock, SystemClock
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
-from knapsack_lb.model import DipConfig, WeightPlan
+from knapsack_lb.model import DipConfig, Traffic, WeightPlan
 from knapsack_lb.names import AbsolutePath, Address, Name, format_address, parse_address, validate_name
 
 CLA_TYPE_URL = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
@@ -195,26 +199,50 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def parse_admin_clusters(
+def cluster_hosts(
     payload: Mapping[str, Any], cluster: str, endpoints: Mapping[str, tuple[str, int]]
-) -> dict[str, int]:
-    """DIP -> weight Envoy uses, from ``/clusters?format=json`` (hosts mapped by ``hostname``,
+) -> dict[str, Mapping[str, Any]]:
+    """DIP -> its ``host_statuses`` entry in ``/clusters?format=json`` (hosts mapped by ``hostname``,
     else by address). Raises ``EnvoyAdapterError`` if Envoy does not know the cluster or
     reports a host the settings do not name."""
     by_address = {format_address(h, p): dip for dip, (h, p) in endpoints.items()}
     for status in payload.get("cluster_statuses", []):
         if status.get("name") != cluster:
             continue
-        weights: dict[str, int] = {}
+        hosts: dict[str, Mapping[str, Any]] = {}
         for host in status.get("host_statuses", []):
             socket = host.get("address", {}).get("socket_address", {})
             address = format_address(str(socket.get("address", "")), int(socket.get("port_value", 0)))
             dip = str(host.get("hostname") or by_address.get(address, ""))
             if dip not in endpoints:
                 raise EnvoyAdapterError(f"Envoy cluster {cluster!r} has a host {address} that no DIP names")
-            weights[dip] = int(host.get("weight", 1))
-        return weights
+            hosts[dip] = host
+        return hosts
     raise EnvoyAdapterError(f"Envoy has no cluster {cluster!r}")
+
+
+def parse_admin_clusters(
+    payload: Mapping[str, Any], cluster: str, endpoints: Mapping[str, tuple[str, int]]
+) -> dict[str, int]:
+    """DIP -> weight Envoy uses, from ``/clusters?format=json`` (:func:`cluster_hosts`)."""
+    return {dip: int(host.get("weight", 1)) for dip, host in cluster_hosts(payload, cluster, endpoints).items()}
+
+
+def parse_host_requests(
+    payload: Mapping[str, Any], cluster: str, endpoints: Mapping[str, tuple[str, int]]
+) -> dict[str, float]:
+    """DIP -> requests Envoy sent it so far (the host's ``rq_total`` counter in ``/clusters?format=json``;
+    the JSON leaves a counter at 0 out, and gives 64-bit values as strings). A DIP Envoy dropped (weight 0)
+    is absent: its counter starts again at 0 when it comes back."""
+    counts: dict[str, float] = {}
+    for dip, host in cluster_hosts(payload, cluster, endpoints).items():
+        stats = {str(stat.get("name")): stat.get("value", 0) for stat in host.get("stats", [])}
+        try:
+            counts[dip] = float(int(stats.get("rq_total", 0)))
+        except (TypeError, ValueError) as exc:
+            raise EnvoyAdapterError(f"Envoy host {dip!r}: rq_total {str(stats.get('rq_total'))[:40]!r} is not a "
+                                    "counter") from exc
+    return counts
 
 
 # --- settings ------------------------------------------------------------------------------
@@ -443,6 +471,22 @@ class EnvoyAdapter:
     def read_lb_weights(self) -> dict[str, int]:
         """DIP -> integer weight Envoy's admin API reports for the cluster (DIPs it dropped
         are absent). Raises ``EnvoyAdapterError`` if the admin API is unreachable."""
+        return parse_admin_clusters(self._admin_clusters(), self.settings.cluster, self.settings.endpoint_addresses)
+
+    def traffic(self) -> Traffic | None:
+        """The requests Envoy sent each DIP so far (:func:`parse_host_requests`), ``None`` when Envoy
+        cannot be asked (the reason is in ``last_error``): the controller takes each DIP's share of the
+        traffic between two reads."""
+        try:
+            counts = parse_host_requests(self._admin_clusters(), self.settings.cluster,
+                                         self.settings.endpoint_addresses)
+        except EnvoyAdapterError as exc:
+            self.last_error = str(exc)
+            return None
+        return Traffic("requests", counts)
+
+    def _admin_clusters(self) -> Mapping[str, Any]:
+        """``/clusters?format=json`` of Envoy's admin API; raises ``EnvoyAdapterError`` if it is unreachable."""
         if self.settings.admin is None:
             raise EnvoyAdapterError("adapter.settings.admin is not set: cannot ask Envoy")
         url = f"http://{self.settings.admin}/clusters?format=json"
@@ -455,7 +499,9 @@ class EnvoyAdapter:
             payload = response.json()
         except (httpx.HTTPError, ValueError) as exc:
             raise EnvoyAdapterError(f"Envoy admin API {url} unreachable: {exc}") from exc
-        return parse_admin_clusters(payload, self.settings.cluster, self.settings.endpoint_addresses)
+        if not isinstance(payload, Mapping):
+            raise EnvoyAdapterError(f"Envoy admin API {url} answered {type(payload).__name__}, not an object")
+        return payload
 
     def read(self) -> dict[str, float]:
         """Fractions of traffic per configured DIP that Envoy uses now (0 for dropped DIPs).

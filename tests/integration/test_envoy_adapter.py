@@ -87,6 +87,21 @@ def test_fifty_weight_changes_under_traffic_fail_no_request(envoy: EnvoyTestbed,
     assert adapter.read() == pytest.approx(plans[-1].weights, abs=0.002)
 
 
+def test_traffic_counts_the_requests_envoy_sent_each_dip(envoy: EnvoyTestbed, adapter: EnvoyAdapter) -> None:
+    assert adapter.apply(WeightPlan(vip="web", weights=TARGET)).ok
+    before = adapter.traffic()
+    assert before is not None and before.kind == "requests"
+    counts = lb_harness.measure_split(envoy, 1200)
+    after = adapter.traffic()
+    assert after is not None and set(after.counters) == set(NAMES)
+    sent = {n: after.counters[n] - before.counters.get(n, 0.0) for n in NAMES}
+    assert sent == {n: float(counts.get(n, 0)) for n in NAMES}  # what each backend said it served
+    unreachable = make_adapter("envoy", {**envoy.adapter_settings, "admin": "127.0.0.1:1"})
+    assert isinstance(unreachable, EnvoyAdapter)
+    with unreachable:
+        assert unreachable.traffic() is None and "unreachable" in unreachable.last_error
+
+
 def test_weight_zero_drops_the_endpoint(envoy: EnvoyTestbed, adapter: EnvoyAdapter) -> None:
     result = adapter.apply(WeightPlan(vip="web", weights={"b1": 0.0, "b2": 0.5, "b3": 0.5}))
     assert result.ok, result.reason

@@ -18,6 +18,7 @@ from adapters.envoy import (
     discovery_response,
     envoy_binary,
     parse_admin_clusters,
+    parse_host_requests,
     validate_assignment,
 )
 from knapsack_lb.errors import InvalidInputError
@@ -223,6 +224,22 @@ def test_admin_clusters_are_mapped_to_dips_by_hostname_or_address() -> None:
         "address": "10.9.9.9", "port_value": 1}}, "weight": 1}]}]}  # fmt: skip
     with pytest.raises(EnvoyAdapterError, match="no DIP names"):
         parse_admin_clusters(stranger, "vip", ENDPOINTS)
+
+
+def test_host_requests_read_rq_total_with_a_counter_at_0_left_out() -> None:
+    """Proto3 JSON, as Envoy writes it: 64-bit counters as strings, a counter at 0 not written at all."""
+    def host(port: int, stats: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}, "stats": stats}
+
+    payload = {"cluster_statuses": [{"name": "vip", "host_statuses": [
+        host(8001, [{"name": "cx_total", "value": "4"}, {"name": "rq_total", "value": "1234"},
+                    {"name": "rq_active", "type": "GAUGE"}]),
+        host(8002, [{"name": "cx_total"}, {"name": "rq_total"}]),
+    ]}]}  # fmt: skip
+    assert parse_host_requests(payload, "vip", ENDPOINTS) == {"b1": 1234.0, "b2": 0.0}
+    payload["cluster_statuses"][0]["host_statuses"][0]["stats"][1]["value"] = "12;rm"
+    with pytest.raises(EnvoyAdapterError, match=r"'b1': rq_total '12;rm'"):
+        parse_host_requests(payload, "vip", ENDPOINTS)
 
 
 def test_envoy_binary_honours_the_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
