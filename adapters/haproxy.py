@@ -35,6 +35,10 @@ The backend is the VIP's pool: an active server that no DIP of the plan maps to 
 from the VIP, or a server the mapping misses) is set to weight 0 in the same apply and verified,
 and the result warns about it; ``backup`` servers are left alone (they take traffic only when
 every active server is down). ``klb check`` refuses a mapping that does not match the backend.
+
+``traffic()`` reads what each server served (``show stat``); with ``log_listen`` set,
+``timings()`` gives the client requests HAProxy timed per DIP from its HTTP logs
+(:mod:`adapters.haproxy_log`).
 """
 
 from __future__ import annotations
@@ -52,10 +56,12 @@ from typing import Annotated, Any, ClassVar
 from pydantic import BeforeValidator, ConfigDict, Field
 
 from adapters.base import AdapterSettings, ApplyResult, CheckResult, parse_settings
+from adapters.haproxy_log import HttpLogTimer
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
-from knapsack_lb.model import Traffic, WeightPlan
+from knapsack_lb.model import TimedRequests, Traffic, WeightPlan
 from knapsack_lb.names import (
     AbsolutePath,
+    Address,
     Name,
     format_address,
     parse_address,
@@ -222,6 +228,10 @@ class HAProxySettings(AdapterSettings):
         None, description="Where to dump 'show servers state' after each apply (the server-state-file), best effort."
     )
     timeout: float = Field(2.0, gt=0, le=60, description="Seconds per socket operation.")
+    log_listen: Address | None = Field(
+        None, description="host:port (UDP) where klb receives HAProxy's HTTP logs ('log <host:port> local0' and "
+        "'option httplog' in HAProxy's configuration): the client requests HAProxy timed per server are pooled into "
+        "the probe rounds at layer 7. Bind it where only HAProxy can send (loopback or a private interface).")
 
 
 @dataclass
@@ -234,7 +244,9 @@ class HAProxyAdapter:
     servers: dict[str, str] = field(default_factory=dict)
     state_file: Path | None = None
     timeout: float = 2.0
+    log_listen: tuple[str, int] | None = None
     last_error: str = ""
+    _log_timer: HttpLogTimer | None = field(default=None, init=False, repr=False)
 
     name = "haproxy"
     Settings: ClassVar[type[HAProxySettings]] = HAProxySettings
@@ -246,7 +258,8 @@ class HAProxyAdapter:
             settings.socket if settings.socket.startswith("/") else parse_address("socket", settings.socket)
         )
         state_file = Path(settings.state_file) if settings.state_file else None
-        return cls(endpoint, settings.backend, dict(settings.servers), state_file, settings.timeout)
+        log_listen = parse_address("log_listen", settings.log_listen) if settings.log_listen else None
+        return cls(endpoint, settings.backend, dict(settings.servers), state_file, settings.timeout, log_listen)
 
     # --- names ------------------------------------------------------------------------
 
@@ -334,6 +347,28 @@ class HAProxyAdapter:
             self.last_error = str(exc)
             return None
         return Traffic(kind, {self.dip_of(server): count for server, count in counters.items()})
+
+    def timings(self) -> dict[str, TimedRequests] | None:
+        """The client requests HAProxy timed per DIP since the last call, from its HTTP logs; ``None``
+        without ``log_listen`` or when its port cannot be bound (the reason is in ``last_error``).
+        The receiver starts at the first call, so that call has timed nothing yet."""
+        if self.log_listen is None:
+            return None
+        if self._log_timer is None:
+            try:
+                self._log_timer = HttpLogTimer(*self.log_listen, self.backend).start()
+            except OSError as exc:
+                where = format_address(*self.log_listen)
+                self.last_error = f"cannot receive HAProxy's logs on log_listen {where}: {exc}"
+                return None
+            return {}
+        return {self.dip_of(server): timed for server, timed in self._log_timer.take().items()}
+
+    def close(self) -> None:
+        """Stop receiving HAProxy's logs (nothing else is held between calls)."""
+        if self._log_timer is not None:
+            self._log_timer.close()
+            self._log_timer = None
 
     def read_integers(self) -> dict[str, int]:
         """Runtime integer weights by DIP name (raises :class:`HAProxyError`)."""

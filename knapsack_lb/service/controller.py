@@ -65,7 +65,7 @@ from knapsack_lb.controller.core import SolverFn, VipController
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.errors import KnapsackLBError, StalePlanError, StoreUnavailableError, short_repr
 from knapsack_lb.loop import APPLY_ERROR, APPLY_FAILURES, APPLY_WARNINGS, ControlLoop, Sink, StoreSource, TickOutcome
-from knapsack_lb.model import ApplyResult, Traffic, VipConfig, WeightPlan
+from knapsack_lb.model import ApplyResult, TimedRequests, Traffic, VipConfig, WeightPlan
 from knapsack_lb.names import validate_name
 from knapsack_lb.service.adapters import AdapterFactory, AdapterPool, adapter_factory
 from knapsack_lb.store import CONTROLLER_LEASES, CONTROLLER_STATUS, LatencyStore
@@ -109,6 +109,12 @@ class AdapterSink:
         """What the LB counted per DIP, when its adapter can say (``traffic()`` is optional)."""
         counters = getattr(self.adapter, "traffic", None)
         return await asyncio.to_thread(counters) if callable(counters) else None
+
+    async def timings(self) -> Mapping[str, TimedRequests] | None:
+        """The client requests the LB timed per DIP since it was last asked, when its adapter can say
+        (``timings()`` is optional)."""
+        timed = getattr(self.adapter, "timings", None)
+        return await asyncio.to_thread(timed) if callable(timed) else None
 
 
 def no_load_balancers(vip: VipConfig) -> Adapter:

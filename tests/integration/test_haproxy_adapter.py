@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,6 +109,33 @@ def test_traffic_counts_what_each_server_served(haproxy: HAProxyTestbed, backend
         assert lb_harness.split_error({n: round(600 * v) for n, v in shares.items()}, TARGET) <= 0.05, shares
     gone = make_adapter("haproxy", {**haproxy.adapter_settings, "socket": str(tmp_path / "nowhere.sock")})
     assert gone.traffic() is None  # type: ignore[attr-defined]
+
+
+def test_timings_are_the_requests_haproxy_logged_for_each_dip(tmp_path: Path) -> None:
+    """HAProxy's HTTP logs over UDP to the adapter's log_listen: every request counted under the DIP
+    that served it, at the backends' 20 ms of work."""
+    with lb_harness.emulated_backends(("s1", "s2"), tmp_path / "slow", service_time=0.02) as slow, \
+            HAProxyTestbed(slow, tmp_path / "logged", log_to=f"127.0.0.1:{free_port()}") as logged:
+        adapter = _adapter(logged, servers={"web-1": "s1", "web-2": "s2"})
+        try:
+            assert adapter.timings() == {}  # the first call starts the receiver
+            assert adapter.apply(WeightPlan(vip="web", weights={"web-1": 0.25, "web-2": 0.75})).ok
+            counts = lb_harness.measure_split(logged, 200)
+            served = {"web-1": counts.get("s1", 0), "web-2": counts.get("s2", 0)}
+            assert sum(served.values()) == 200
+            timed: dict[str, list[tuple[int, float]]] = {"web-1": [], "web-2": []}
+            deadline = time.monotonic() + 5.0  # UDP: the last lines may still be on their way
+            while sum(n for parts in timed.values() for n, _ in parts) < 200 and time.monotonic() < deadline:
+                for dip, t in (adapter.timings() or {}).items():
+                    assert t.failures == 0 and t.latency_mean is not None
+                    timed[dip].append((t.successes, t.latency_mean))
+                time.sleep(0.05)
+            assert {dip: sum(n for n, _ in parts) for dip, parts in timed.items()} == served
+            for parts in timed.values():
+                mean = sum(n * m for n, m in parts) / sum(n for n, _ in parts)
+                assert 0.019 <= mean <= 0.040, mean
+        finally:
+            adapter.close()
 
 
 def test_weight_zero_takes_a_server_out_of_rotation(haproxy: HAProxyTestbed) -> None:

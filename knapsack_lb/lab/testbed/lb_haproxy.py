@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from knapsack_lb.lab.procs import ManagedProcess, free_listening_port, require_binary, wait_for_port
 from knapsack_lb.lab.testbed.lb_harness import HttpSender
-from knapsack_lb.names import parse_address, validate_name
+from knapsack_lb.names import format_address, parse_address, validate_name
 
 BACKEND = "klb"
 UNIX_PATH_MAX = 100  # sun_path is 108 bytes; stay below
@@ -43,6 +43,7 @@ class HAProxyTestbed:
         admin: Literal["unix", "tcp"] = "unix",
         keep_alive: bool = True,
         mode: Literal["http", "tcp"] = "http",
+        log_to: str | None = None,
     ) -> None:
         self.backends = {validate_name("backend", n): a for n, a in backends.items()}
         for name, address in self.backends.items():
@@ -55,6 +56,8 @@ class HAProxyTestbed:
         self.mode = mode  # tcp: layer 4, a client connection is placed once (KnapsackLB's setting)
         self.admin = admin
         self.keep_alive = keep_alive
+        # host:port (UDP) HAProxy sends its logs to (HTTP logs in mode http), the adapter's log_listen
+        self.log_to = None if log_to is None else format_address(*parse_address("log_to", log_to))
         self.workdir = workdir.resolve()  # HAProxy reads a relative socket path as host:port
         self.port = 0
         self.admin_port = 0
@@ -75,7 +78,8 @@ class HAProxyTestbed:
     @property
     def adapter_settings(self) -> dict[str, Any]:
         endpoint = self.socket_path if self.admin == "unix" else f"127.0.0.1:{self.admin_port}"
-        return {"socket": endpoint, "backend": BACKEND, "state_file": str(self.state_file)}
+        settings = {"socket": endpoint, "backend": BACKEND, "state_file": str(self.state_file)}
+        return settings if self.log_to is None else {**settings, "log_listen": self.log_to}
 
     def traffic_target(self) -> str:
         return f"http://127.0.0.1:{self.port}/"
@@ -129,6 +133,9 @@ class HAProxyTestbed:
         servers = "\n".join(
             f"    server {name} {address} weight 100" for name, address in sorted(self.backends.items())
         )
+        logging = ""
+        if self.log_to is not None:
+            logging = f"    log {self.log_to} local0\n" + ("    option httplog\n" if self.mode == "http" else "")
         return f"""global
     {stats}
     server-state-file {self.state_file}
@@ -136,7 +143,7 @@ class HAProxyTestbed:
 
 defaults
     mode {self.mode}
-    timeout connect 2s
+{logging}    timeout connect 2s
     timeout client 30s
     timeout server 30s
     retries 2
