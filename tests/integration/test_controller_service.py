@@ -302,3 +302,47 @@ async def test_a_refused_apply_keeps_the_confirmed_weights_in_a_real_haproxy(
         assert state is not None and state["apply_failures"] == refused
         outcome = await round_and_tick()
         assert outcome.pushed and service.controllers["web"].confirmed_version > confirmed.version
+
+
+async def test_the_live_loop_pools_the_requests_haproxy_logged_into_the_rounds(
+        store: RedisLatencyStore, tmp_path: Path) -> None:
+    """A layer-7 HAProxy logging to the adapter's log_listen: every client request it timed between two
+    ticks reaches the controller inside its DIP's round (``lb_timed``; what the budget then does with
+    them: tests/unit/test_loop.py)."""
+    from knapsack_lb.config import LoadBalancerConfig
+    from knapsack_lb.lab.procs import free_port
+    from knapsack_lb.lab.testbed import lb_harness
+    from knapsack_lb.lab.testbed.lb_haproxy import HAProxyTestbed
+    from knapsack_lb.service.adapters import adapter_factory
+    from tests.unit.controller.loop import record_steps
+
+    names = ("a", "b", "c")
+    with lb_harness.emulated_backends(names, tmp_path / "backends", service_time=0.002) as backends, \
+            HAProxyTestbed(backends, tmp_path / "haproxy", log_to=f"127.0.0.1:{free_port()}") as haproxy:
+        lbs = {"hx": LoadBalancerConfig(adapter="haproxy", settings=haproxy.adapter_settings)}
+        dips = [FluidDip("a", 1, 100.0), FluidDip("b", 2, 100.0), FluidDip("c", 4, 90.0)]
+        model = FluidModel(dips, total_rate=0.7 * sum(d.capacity for d in dips), vip="web", seed=3)
+        await store.put_vip(VipConfig(name="web", dips=tuple(DipConfig(name=n, address=backends[n]) for n in names),
+                                      adapter=AdapterSpec(lb="hx")))
+        clock = FakeClock(1000.0)
+        service = ControllerService(store, SETTINGS, clock, "ctl-logs", adapter_factory=adapter_factory(lbs))
+
+        async def round_and_tick() -> None:
+            clock.advance(SETTINGS.loop.interval)
+            await store.put_measurements(list(model.measure(clock.now()).values()))
+            await service.tick()
+
+        try:
+            await round_and_tick()  # the first tick starts the adapter's log receiver
+            steps = record_steps(service.controllers["web"])
+            sent: dict[str, int] = {n: 0 for n in names}
+            for _ in range(3):
+                for backend, count in lb_harness.measure_split(haproxy, 150).items():
+                    sent[backend] += count
+                await asyncio.sleep(1.0)  # the last log lines are datagrams on their way
+                await round_and_tick()
+            assert sum(sent.values()) == 450
+            timed = {n: sum(rounds[n].lb_timed for rounds in steps if n in rounds) for n in names}
+            assert timed == sent, (timed, sent)
+        finally:
+            service.adapters.close()
