@@ -246,6 +246,25 @@ async def test_a_step_that_fails_after_its_plan_is_stored_is_counted_in_status_a
     text = render(await gather(store, world.clock.now())).decode()
     assert 'klb_controller_step_failures_total{controller="ctl-a"} 3.0' in text
 
+LIVE_DIPS = ("a", "b", "c")
+
+
+async def _behind_haproxy(store: RedisLatencyStore, backends: dict[str, str], haproxy: Any,
+                          controller_id: str) -> tuple[FluidModel, FakeClock, ControllerService]:
+    """The VIP of LIVE_DIPS at the emulated ``backends`` behind a real HAProxy; its probe rounds come from
+    a fluid model of the same DIPs (a test writes them into the store)."""
+    from knapsack_lb.config import LoadBalancerConfig
+    from knapsack_lb.service.adapters import adapter_factory
+
+    lbs = {"hx": LoadBalancerConfig(adapter="haproxy", settings=haproxy.adapter_settings)}
+    dips = [FluidDip("a", 1, 100.0), FluidDip("b", 2, 100.0), FluidDip("c", 4, 90.0)]
+    model = FluidModel(dips, total_rate=0.7 * sum(d.capacity for d in dips), vip="web", seed=3)
+    await store.put_vip(VipConfig(name="web", dips=tuple(DipConfig(name=n, address=backends[n]) for n in LIVE_DIPS),
+                                  adapter=AdapterSpec(lb="hx")))
+    clock = FakeClock(1000.0)
+    return model, clock, ControllerService(store, SETTINGS, clock, controller_id, adapter_factory=adapter_factory(lbs))
+
+
 async def test_a_refused_apply_keeps_the_confirmed_weights_in_a_real_haproxy(
         store: RedisLatencyStore, tmp_path: Path) -> None:
     """The live environment of the one loop: Redis as source and state, a real HAProxy as sink.
@@ -253,21 +272,12 @@ async def test_a_refused_apply_keeps_the_confirmed_weights_in_a_real_haproxy(
     confirmed last, the controller keeps learning only from those, the store's in-force record
     does not move; once the socket is back the pending plan goes through."""
     from adapters.haproxy import HAProxyAdapter
-    from knapsack_lb.config import LoadBalancerConfig
     from knapsack_lb.lab.testbed import lb_harness
     from knapsack_lb.lab.testbed.lb_haproxy import HAProxyTestbed
-    from knapsack_lb.service.adapters import adapter_factory
 
-    names = ("a", "b", "c")
-    with lb_harness.emulated_backends(names, tmp_path / "backends") as backends, \
+    with lb_harness.emulated_backends(LIVE_DIPS, tmp_path / "backends") as backends, \
             HAProxyTestbed(backends, tmp_path / "haproxy") as haproxy:
-        lbs = {"hx": LoadBalancerConfig(adapter="haproxy", settings=haproxy.adapter_settings)}
-        dips = [FluidDip("a", 1, 100.0), FluidDip("b", 2, 100.0), FluidDip("c", 4, 90.0)]
-        model = FluidModel(dips, total_rate=0.7 * sum(d.capacity for d in dips), vip="web", seed=3)
-        await store.put_vip(VipConfig(name="web", dips=tuple(DipConfig(name=n, address=backends[n]) for n in names),
-                                      adapter=AdapterSpec(lb="hx")))
-        clock = FakeClock(1000.0)
-        service = ControllerService(store, SETTINGS, clock, "ctl-live", adapter_factory=adapter_factory(lbs))
+        model, clock, service = await _behind_haproxy(store, backends, haproxy, "ctl-live")
         reader = HAProxyAdapter.from_config(haproxy.adapter_settings)
 
         async def round_and_tick() -> Any:
@@ -309,23 +319,14 @@ async def test_the_live_loop_pools_the_requests_haproxy_logged_into_the_rounds(
     """A layer-7 HAProxy logging to the adapter's log_listen: every client request it timed between two
     ticks reaches the controller inside its DIP's round (``lb_timed``; what the budget then does with
     them: tests/unit/test_loop.py)."""
-    from knapsack_lb.config import LoadBalancerConfig
     from knapsack_lb.lab.procs import free_port
     from knapsack_lb.lab.testbed import lb_harness
     from knapsack_lb.lab.testbed.lb_haproxy import HAProxyTestbed
-    from knapsack_lb.service.adapters import adapter_factory
     from tests.unit.controller.loop import record_steps
 
-    names = ("a", "b", "c")
-    with lb_harness.emulated_backends(names, tmp_path / "backends", service_time=0.002) as backends, \
+    with lb_harness.emulated_backends(LIVE_DIPS, tmp_path / "backends", service_time=0.002) as backends, \
             HAProxyTestbed(backends, tmp_path / "haproxy", log_to=f"127.0.0.1:{free_port()}") as haproxy:
-        lbs = {"hx": LoadBalancerConfig(adapter="haproxy", settings=haproxy.adapter_settings)}
-        dips = [FluidDip("a", 1, 100.0), FluidDip("b", 2, 100.0), FluidDip("c", 4, 90.0)]
-        model = FluidModel(dips, total_rate=0.7 * sum(d.capacity for d in dips), vip="web", seed=3)
-        await store.put_vip(VipConfig(name="web", dips=tuple(DipConfig(name=n, address=backends[n]) for n in names),
-                                      adapter=AdapterSpec(lb="hx")))
-        clock = FakeClock(1000.0)
-        service = ControllerService(store, SETTINGS, clock, "ctl-logs", adapter_factory=adapter_factory(lbs))
+        model, clock, service = await _behind_haproxy(store, backends, haproxy, "ctl-logs")
 
         async def round_and_tick() -> None:
             clock.advance(SETTINGS.loop.interval)
@@ -335,14 +336,14 @@ async def test_the_live_loop_pools_the_requests_haproxy_logged_into_the_rounds(
         try:
             await round_and_tick()  # the first tick starts the adapter's log receiver
             steps = record_steps(service.controllers["web"])
-            sent: dict[str, int] = {n: 0 for n in names}
+            sent: dict[str, int] = {n: 0 for n in LIVE_DIPS}
             for _ in range(3):
                 for backend, count in lb_harness.measure_split(haproxy, 150).items():
                     sent[backend] += count
                 await asyncio.sleep(1.0)  # the last log lines are datagrams on their way
                 await round_and_tick()
             assert sum(sent.values()) == 450
-            timed = {n: sum(rounds[n].lb_timed for rounds in steps if n in rounds) for n in names}
+            timed = {n: sum(rounds[n].lb_timed for rounds in steps if n in rounds) for n in LIVE_DIPS}
             assert timed == sent, (timed, sent)
         finally:
             service.adapters.close()
