@@ -14,6 +14,7 @@ from knapsack_lb.cli import (
     controller_commands,
     demo_commands,
     fleet_commands,
+    lb_timings_commands,
     probe_commands,
     robustness_commands,
     service_commands,
@@ -40,6 +41,7 @@ for _module in (
     demo_commands,
     robustness_commands,
     fleet_commands,
+    lb_timings_commands,
 ):
     _module.register(app, bench_app)
 

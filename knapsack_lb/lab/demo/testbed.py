@@ -33,8 +33,10 @@ VIP = "demo"
 class DemoTestbed:
     """Everything the demo runs besides the service itself; a context manager that stops it all."""
 
-    def __init__(self, settings: DemoSettings, workdir: Path, max_seconds: float = 3600.0) -> None:
+    def __init__(self, settings: DemoSettings, workdir: Path, max_seconds: float = 3600.0,
+                 log_to: str | None = None) -> None:
         self.settings = settings
+        self.log_to = log_to  # host:port (UDP) HAProxy logs to, the adapter's log_listen (HTTP logs in mode http)
         self.workdir = workdir
         self.max_seconds = max_seconds
         self.redis = RedisServer(workdir / "redis")
@@ -48,7 +50,8 @@ class DemoTestbed:
         try:
             self.redis.start()
             self._start_emulators()
-            self.haproxy = HAProxyTestbed(self.backends, self.workdir / "haproxy", balance="roundrobin", mode="tcp")
+            self.haproxy = HAProxyTestbed(self.backends, self.workdir / "haproxy", balance="roundrobin", mode="tcp",
+                                          log_to=self.log_to)
             self.haproxy.__enter__()
         except BaseException:
             self.__exit__(None, None, None)
