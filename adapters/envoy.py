@@ -28,8 +28,9 @@ Semantics (docs/design.md, "Facts about the real load balancers"):
   weighted, EDF) or ``LEAST_REQUEST``; ``RANDOM`` ignores them.
 * ``traffic()`` reads the same page's per-host ``rq_total`` counters: the requests Envoy sent
   each DIP, from which the controller takes each DIP's real share of the VIP between two reads
-  (as HAProxy's ``show stat``). Behind ``tcp_proxy`` (layer 4) Envoy counts no requests per host
-  and no bytes either, so the counters stay at 0 and no round is stamped with a share.
+  (as HAProxy's ``show stat``). Meant for HTTP: behind ``tcp_proxy`` (layer 4) Envoy keeps no
+  per-host byte counts, and a count of requests (or connections) there is a share of *new*
+  sessions, not of the load a DIP carries; where ``rq_total`` stays 0, no round is stamped.
 
 How it fails: an unreachable Envoy or admin API, a rejected assignment, or an Envoy that
 does not take the file within ``verify_timeout`` give ``ApplyResult(ok=False, reason=...)``;
