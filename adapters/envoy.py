@@ -28,9 +28,10 @@ Semantics (docs/design.md, "Facts about the real load balancers"):
   weighted, EDF) or ``LEAST_REQUEST``; ``RANDOM`` ignores them.
 * ``traffic()`` reads the same page's per-host ``rq_total`` counters: the requests Envoy sent
   each DIP, from which the controller takes each DIP's real share of the VIP between two reads
-  (as HAProxy's ``show stat``). Meant for HTTP: behind ``tcp_proxy`` (layer 4) Envoy keeps no
-  per-host byte counts, and a count of requests (or connections) there is a share of *new*
-  sessions, not of the load a DIP carries; where ``rq_total`` stays 0, no round is stamped.
+  (as HAProxy's ``show stat``). Behind ``tcp_proxy`` (layer 4) Envoy counts each connection as a
+  request (``rq_total`` equals ``cx_total``; seen on Envoy 1.40) and keeps no per-host bytes: a
+  share of new sessions, not of the load a DIP carries, so ``traffic()`` says nothing until some
+  host has served more requests than connections (HTTP on reused upstream connections).
 
 How it fails: an unreachable Envoy or admin API, a rejected assignment, or an Envoy that
 does not take the file within ``verify_timeout`` give ``ApplyResult(ok=False, reason=...)``;
@@ -229,21 +230,28 @@ def parse_admin_clusters(
     return {dip: int(host.get("weight", 1)) for dip, host in cluster_hosts(payload, cluster, endpoints).items()}
 
 
-def parse_host_requests(
+def parse_host_traffic(
     payload: Mapping[str, Any], cluster: str, endpoints: Mapping[str, tuple[str, int]]
-) -> dict[str, float]:
+) -> Traffic | None:
     """DIP -> requests Envoy sent it so far (the host's ``rq_total`` counter in ``/clusters?format=json``;
-    the JSON leaves a counter at 0 out, and gives 64-bit values as strings). A DIP Envoy dropped (weight 0)
-    is absent: its counter starts again at 0 when it comes back."""
-    counts: dict[str, float] = {}
+    the JSON leaves a counter at 0 out, and gives 64-bit values as strings). ``None`` while no host has
+    served more requests than connections (``cx_total``): behind ``tcp_proxy`` a connection is counted as a
+    request, which says nothing of the load a DIP carries. A DIP Envoy dropped (weight 0) is absent: its
+    counters start again at 0 when it comes back."""
+    requests: dict[str, float] = {}
+    reused = False
     for dip, host in cluster_hosts(payload, cluster, endpoints).items():
         stats = {str(stat.get("name")): stat.get("value", 0) for stat in host.get("stats", [])}
-        try:
-            counts[dip] = float(int(stats.get("rq_total", 0)))
-        except (TypeError, ValueError) as exc:
-            raise EnvoyAdapterError(f"Envoy host {dip!r}: rq_total {str(stats.get('rq_total'))[:40]!r} is not a "
-                                    "counter") from exc
-    return counts
+        counts = []
+        for name in ("rq_total", "cx_total"):
+            try:
+                counts.append(float(int(stats.get(name, 0))))
+            except (TypeError, ValueError) as exc:
+                raise EnvoyAdapterError(f"Envoy host {dip!r}: {name} {str(stats.get(name))[:40]!r} is not a "
+                                        "counter") from exc
+        requests[dip] = counts[0]
+        reused = reused or counts[0] > counts[1]
+    return Traffic("requests", requests) if reused else None
 
 
 # --- settings ------------------------------------------------------------------------------
@@ -475,16 +483,14 @@ class EnvoyAdapter:
         return parse_admin_clusters(self._admin_clusters(), self.settings.cluster, self.settings.endpoint_addresses)
 
     def traffic(self) -> Traffic | None:
-        """The requests Envoy sent each DIP so far (:func:`parse_host_requests`), ``None`` when Envoy
-        cannot be asked (the reason is in ``last_error``): the controller takes each DIP's share of the
-        traffic between two reads."""
+        """The requests Envoy sent each DIP so far (:func:`parse_host_traffic`), ``None`` when they say
+        nothing of the load (layer 4) or Envoy cannot be asked (the reason is in ``last_error``): the
+        controller takes each DIP's share of the traffic between two reads."""
         try:
-            counts = parse_host_requests(self._admin_clusters(), self.settings.cluster,
-                                         self.settings.endpoint_addresses)
+            return parse_host_traffic(self._admin_clusters(), self.settings.cluster, self.settings.endpoint_addresses)
         except EnvoyAdapterError as exc:
             self.last_error = str(exc)
             return None
-        return Traffic("requests", counts)
 
     def _admin_clusters(self) -> Mapping[str, Any]:
         """``/clusters?format=json`` of Envoy's admin API; raises ``EnvoyAdapterError`` if it is unreachable."""

@@ -89,6 +89,8 @@ def test_fifty_weight_changes_under_traffic_fail_no_request(envoy: EnvoyTestbed,
 
 def test_traffic_counts_the_requests_envoy_sent_each_dip(envoy: EnvoyTestbed, adapter: EnvoyAdapter) -> None:
     assert adapter.apply(WeightPlan(vip="web", weights=TARGET)).ok
+    assert adapter.traffic() is None  # nothing served yet: no counts
+    lb_harness.measure_split(envoy, 100)  # keep-alive clients: Envoy reuses its upstream connections
     before = adapter.traffic()
     assert before is not None and before.kind == "requests"
     counts = lb_harness.measure_split(envoy, 1200)

@@ -18,12 +18,12 @@ from adapters.envoy import (
     discovery_response,
     envoy_binary,
     parse_admin_clusters,
-    parse_host_requests,
+    parse_host_traffic,
     validate_assignment,
 )
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.lab.procs import free_port
-from knapsack_lb.model import WeightPlan
+from knapsack_lb.model import Traffic, WeightPlan
 
 ENDPOINTS = {"b1": ("127.0.0.1", 8001), "b2": ("127.0.0.1", 8002), "b3": ("::1", 8003)}
 ADVERSARIAL = [
@@ -226,20 +226,31 @@ def test_admin_clusters_are_mapped_to_dips_by_hostname_or_address() -> None:
         parse_admin_clusters(stranger, "vip", ENDPOINTS)
 
 
-def test_host_requests_read_rq_total_with_a_counter_at_0_left_out() -> None:
-    """Proto3 JSON, as Envoy writes it: 64-bit counters as strings, a counter at 0 not written at all."""
-    def host(port: int, stats: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}, "stats": stats}
+def _host(port: int, stats: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}, "stats": stats}
 
+
+def test_host_traffic_reads_rq_total_with_a_counter_at_0_left_out() -> None:
+    """Proto3 JSON, as Envoy writes it: 64-bit counters as strings, a counter at 0 not written at all."""
     payload = {"cluster_statuses": [{"name": "vip", "host_statuses": [
-        host(8001, [{"name": "cx_total", "value": "4"}, {"name": "rq_total", "value": "1234"},
-                    {"name": "rq_active", "type": "GAUGE"}]),
-        host(8002, [{"name": "cx_total"}, {"name": "rq_total"}]),
+        _host(8001, [{"name": "cx_total", "value": "4"}, {"name": "rq_total", "value": "1234"},
+                     {"name": "rq_active", "type": "GAUGE"}]),
+        _host(8002, [{"name": "cx_total"}, {"name": "rq_total"}]),
     ]}]}  # fmt: skip
-    assert parse_host_requests(payload, "vip", ENDPOINTS) == {"b1": 1234.0, "b2": 0.0}
+    assert parse_host_traffic(payload, "vip", ENDPOINTS) == Traffic("requests", {"b1": 1234.0, "b2": 0.0})
     payload["cluster_statuses"][0]["host_statuses"][0]["stats"][1]["value"] = "12;rm"
     with pytest.raises(EnvoyAdapterError, match=r"'b1': rq_total '12;rm'"):
-        parse_host_requests(payload, "vip", ENDPOINTS)
+        parse_host_traffic(payload, "vip", ENDPOINTS)
+
+
+def test_a_connection_counted_as_a_request_says_nothing_of_the_load() -> None:
+    """Behind tcp_proxy Envoy 1.40 counts each connection as a request (the stats of a real one after five
+    connections), and before any traffic every counter is 0: no share can be taken from either."""
+    tcp_proxy = [{"name": "cx_connect_fail"}, {"value": "5", "name": "cx_total"}, {"name": "rq_error"},
+                 {"name": "rq_success"}, {"name": "rq_timeout"}, {"value": "5", "name": "rq_total"},
+                 {"type": "GAUGE", "name": "cx_active"}, {"type": "GAUGE", "name": "rq_active"}]
+    payload = {"cluster_statuses": [{"name": "vip", "host_statuses": [_host(8001, tcp_proxy), _host(8002, [])]}]}
+    assert parse_host_traffic(payload, "vip", ENDPOINTS) is None
 
 
 def test_envoy_binary_honours_the_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
