@@ -242,16 +242,18 @@ def parse_host_traffic(
     reused = False
     for dip, host in cluster_hosts(payload, cluster, endpoints).items():
         stats = {str(stat.get("name")): stat.get("value", 0) for stat in host.get("stats", [])}
-        counts = []
-        for name in ("rq_total", "cx_total"):
-            try:
-                counts.append(float(int(stats.get(name, 0))))
-            except (TypeError, ValueError) as exc:
-                raise EnvoyAdapterError(f"Envoy host {dip!r}: {name} {str(stats.get(name))[:40]!r} is not a "
-                                        "counter") from exc
-        requests[dip] = counts[0]
-        reused = reused or counts[0] > counts[1]
+        requests[dip] = _host_counter(dip, stats, "rq_total")
+        connections = _host_counter(dip, stats, "cx_total")
+        reused = reused or requests[dip] > connections
     return Traffic("requests", requests) if reused else None
+
+
+def _host_counter(dip: str, stats: Mapping[str, Any], name: str) -> float:
+    """One counter of a host's ``stats`` (0 when left out); raises ``EnvoyAdapterError`` naming it if not one."""
+    try:
+        return float(int(stats.get(name, 0)))
+    except (TypeError, ValueError) as exc:
+        raise EnvoyAdapterError(f"Envoy host {dip!r}: {name} {str(stats.get(name))[:40]!r} is not a counter") from exc
 
 
 # --- settings ------------------------------------------------------------------------------
