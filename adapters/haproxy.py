@@ -55,8 +55,9 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BeforeValidator, ConfigDict, Field
 
+from adapters.access_log import AccessLogTimer
 from adapters.base import AdapterSettings, ApplyResult, CheckResult, parse_settings
-from adapters.haproxy_log import HttpLogTimer
+from adapters.haproxy_log import haproxy_requests
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
 from knapsack_lb.model import TimedRequests, Traffic, WeightPlan
 from knapsack_lb.names import (
@@ -246,7 +247,7 @@ class HAProxyAdapter:
     timeout: float = 2.0
     log_listen: tuple[str, int] | None = None
     last_error: str = ""
-    _log_timer: HttpLogTimer | None = field(default=None, init=False, repr=False)
+    _log_timer: AccessLogTimer | None = field(default=None, init=False, repr=False)
 
     name = "haproxy"
     Settings: ClassVar[type[HAProxySettings]] = HAProxySettings
@@ -355,20 +356,17 @@ class HAProxyAdapter:
         if self.log_listen is None:
             return None
         if self._log_timer is None:
-            try:
-                self._log_timer = HttpLogTimer(*self.log_listen, self.backend).start()
-            except OSError as exc:
-                where = format_address(*self.log_listen)
-                self.last_error = f"cannot receive HAProxy's logs on log_listen {where}: {exc}"
-                return None
-            return {}
-        return {self.dip_of(server): timed for server, timed in self._log_timer.take().items()}
+            self._log_timer = AccessLogTimer(*self.log_listen, self.backend, haproxy_requests, lb="HAProxy")
+        taken = self._log_timer.poll()
+        if taken is None:
+            self.last_error = self._log_timer.error
+            return None
+        return {self.dip_of(server): timed for server, timed in taken.items()}
 
     def close(self) -> None:
         """Stop receiving HAProxy's logs (nothing else is held between calls)."""
         if self._log_timer is not None:
             self._log_timer.close()
-            self._log_timer = None
 
     def read_integers(self) -> dict[str, int]:
         """Runtime integer weights by DIP name (raises :class:`HAProxyError`)."""

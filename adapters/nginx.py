@@ -25,6 +25,9 @@ few closed connections per reload and must retry idempotent requests.
 ``read()`` parses the include file, which after every apply (success or rollback) is the file
 the running master loaded; Nginx OSS cannot report the weights it really uses, so a file
 edited by hand without a reload would be reported wrongly (documented limit).
+
+With ``log_listen`` set, ``timings()`` gives the client requests Nginx timed per DIP from its
+access log, sent over syslog in the adapter's line format (:mod:`adapters.nginx_log`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -45,9 +49,11 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field
 
+from adapters.access_log import AccessLogTimer
 from adapters.base import AdapterSettings, ApplyResult, CheckResult, parse_settings, quantise
+from adapters.nginx_log import parse_nginx_log_line
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
-from knapsack_lb.model import DipConfig, WeightPlan
+from knapsack_lb.model import DipConfig, TimedRequests, WeightPlan
 from knapsack_lb.names import (
     AbsolutePath,
     Address,
@@ -114,6 +120,19 @@ def parse_upstream(text: str, servers: Mapping[str, str]) -> dict[str, int]:
         dip = match.group("dip") or by_address.get(match.group("address"), match.group("address"))
         weights[dip] = 0 if match.group("down") else int(match.group("weight") or 1)
     return weights
+
+
+def dips_by_address(servers: Mapping[str, str]) -> dict[str, str]:
+    """DIP by the ``host:port`` Nginx would name it in ``$upstream_addr``: its address as written
+    and, for a hostname, every address it resolves to now (none when it does not resolve)."""
+    dip_at: dict[str, str] = {}
+    for dip, address in servers.items():
+        host, port = parse_address(f"servers.{dip}", address)
+        dip_at[format_address(host, port)] = dip
+        with contextlib.suppress(OSError):
+            for *_, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+                dip_at.setdefault(format_address(str(sockaddr[0]), port), dip)
+    return dip_at
 
 
 OLD_WORKER_GRACE = 2.0
@@ -203,6 +222,11 @@ class NginxSettings(AdapterSettings):
     binary: Annotated[str, BeforeValidator(pydantic_rule(_nginx_binary))] | None = Field(
         None, description="The nginx executable (default: nginx on PATH); must be named nginx."
     )
+    log_listen: Address | None = Field(
+        None, description="host:port (UDP) where klb receives Nginx's access log (the 'knapsack_lb' log_format "
+        "of docs/adapters.md and 'access_log syslog:server=<host:port>,nohostname knapsack_lb'): the client "
+        "requests Nginx timed per server are pooled into the probe rounds at layer 7. Bind it where only Nginx "
+        "can send (loopback or a private interface).")
 
     @classmethod
     def defaults_for(cls, dips: Sequence[DipConfig]) -> dict[str, Any]:
@@ -226,8 +250,11 @@ class NginxAdapter:
     resolution: int = 1000
     reload_timeout: float = 10.0
     binary: str = ""
+    log_listen: tuple[str, int] | None = None
     last_error: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _log_timer: AccessLogTimer | None = field(default=None, init=False, repr=False)
+    _dip_at: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
     name = "nginx"
     Settings: ClassVar[type[NginxSettings]] = NginxSettings
@@ -245,6 +272,7 @@ class NginxAdapter:
             include_file=Path(s.include_file), config=Path(s.config), upstream=s.upstream, servers=dict(s.servers),
             prefix=path(s.prefix), error_log=path(s.error_log), pid_file=path(s.pid_file), method=s.method,
             keepalive=s.keepalive, resolution=s.resolution, reload_timeout=s.reload_timeout, binary=s.binary or "",
+            log_listen=parse_address("log_listen", s.log_listen) if s.log_listen else None,
         )
 
     # --- protocol -----------------------------------------------------------------------------
@@ -291,6 +319,28 @@ class NginxAdapter:
             return {}
         total = sum(weights.values())
         return {dip: (w / total if total else 0.0) for dip, w in weights.items()}
+
+    def timings(self) -> dict[str, TimedRequests] | None:
+        """The client requests Nginx timed per DIP since the last call, from its access log; ``None``
+        without ``log_listen`` or when its port cannot be bound (the reason is in ``last_error``).
+        The receiver starts at the first call, so that call has timed nothing yet. Nginx names a
+        server by the address it connected to: a DIP whose address is a hostname is matched by the
+        addresses it resolves to when the receiver starts."""
+        if self.log_listen is None:
+            return None
+        if self._log_timer is None:
+            self._log_timer = AccessLogTimer(*self.log_listen, self.upstream, parse_nginx_log_line, lb="Nginx")
+            self._dip_at = dips_by_address(self.servers)
+        taken = self._log_timer.poll()
+        if taken is None:
+            self.last_error = self._log_timer.error
+            return None
+        return {self._dip_at[address]: timed for address, timed in taken.items() if address in self._dip_at}
+
+    def close(self) -> None:
+        """Stop receiving Nginx's access log (nothing else is held between calls)."""
+        if self._log_timer is not None:
+            self._log_timer.close()
 
     def check(self) -> CheckResult:
         try:

@@ -4,6 +4,8 @@ of real emulated backends, through the shared LB harness."""
 from __future__ import annotations
 
 import random
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 
 from adapters.base import make_adapter
 from adapters.nginx import NginxAdapter, worker_pids
+from knapsack_lb.lab.procs import free_port
 from knapsack_lb.lab.testbed import lb_harness
 from knapsack_lb.lab.testbed.lb_nginx import NginxTestbed
 from knapsack_lb.model import WeightPlan
@@ -64,6 +67,33 @@ def test_fifty_weight_changes_under_traffic_fail_under_half_a_percent(nginx: Ngi
     assert report.failed_fraction < 0.005, (report.failed, report.requests, report.failure_samples)
     assert len(report.follow_seconds) >= 5  # one-hot plans whose traffic was seen to follow
     assert adapter.read() == pytest.approx(plans[-1].weights, abs=0.002)
+
+
+def test_timings_are_the_requests_nginx_logged_for_each_dip(tmp_path: Path) -> None:
+    """Nginx's access log over syslog to the adapter's log_listen: every request counted under the DIP
+    that served it, at the backends' 20 ms of work."""
+    log_to = f"127.0.0.1:{free_port(kind=socket.SOCK_DGRAM)}"
+    with lb_harness.emulated_backends(("s1", "s2"), tmp_path / "slow", service_time=0.02) as slow, \
+            NginxTestbed(slow, tmp_path / "logged", log_to=log_to) as logged:
+        adapter = _adapter(logged)
+        try:
+            assert adapter.timings() == {}  # the first call starts the receiver
+            assert adapter.apply(WeightPlan(vip="web", weights={"s1": 0.25, "s2": 0.75})).ok
+            served = lb_harness.measure_split(logged, 200)
+            assert sum(served.values()) == 200 and "<failed>" not in served
+            timed: dict[str, list[tuple[int, float]]] = {"s1": [], "s2": []}
+            deadline = time.monotonic() + 5.0  # UDP: the last lines may still be on their way
+            while sum(n for parts in timed.values() for n, _ in parts) < 200 and time.monotonic() < deadline:
+                for dip, t in (adapter.timings() or {}).items():
+                    assert t.failures == 0 and t.latency_mean is not None
+                    timed[dip].append((t.successes, t.latency_mean))
+                time.sleep(0.05)
+            assert {dip: sum(n for n, _ in parts) for dip, parts in timed.items()} == served
+            for parts in timed.values():
+                mean = sum(n * m for n, m in parts) / sum(n for n, _ in parts)
+                assert 0.019 <= mean <= 0.040, mean
+        finally:
+            adapter.close()
 
 
 def test_weight_zero_becomes_down(nginx: NginxTestbed) -> None:

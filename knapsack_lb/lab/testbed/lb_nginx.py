@@ -5,7 +5,9 @@ prefix, pid file, error log and temp paths in the work directory (``-p prefix -c
 in the foreground (``daemon off``, master + one worker) under
 :class:`~knapsack_lb.lab.procs.ManagedProcess`. The upstream block lives in its own include file,
 first written with equal weights by :func:`adapters.nginx.render_upstream`, the same renderer
-the adapter uses. Keep-alive clients are used and retry idempotent requests (Nginx closes
+the adapter uses. With ``log_to`` (``host:port``) Nginx sends its access log there over syslog in
+the adapter's line format (:data:`adapters.nginx_log.LOG_FORMAT`), and the adapter settings
+receive it (``log_listen``). Keep-alive clients are used and retry idempotent requests (Nginx closes
 keep-alive connections of old workers on every reload).
 """
 
@@ -17,9 +19,10 @@ from types import TracebackType
 from typing import Any
 
 from adapters.nginx import render_upstream
+from adapters.nginx_log import LOG_FORMAT, LOG_FORMAT_NAME
 from knapsack_lb.lab.procs import ManagedProcess, free_listening_port, require_binary, wait_for_port
 from knapsack_lb.lab.testbed.lb_harness import HttpSender
-from knapsack_lb.names import parse_address, validate_name
+from knapsack_lb.names import format_address, parse_address, validate_name
 
 UPSTREAM = "klb"
 
@@ -39,6 +42,7 @@ class NginxTestbed:
         method: str = "round_robin",
         keep_alive: bool = True,
         upstream_keepalive: int = 16,
+        log_to: str | None = None,
     ) -> None:
         self.backends = {validate_name("backend", n): a for n, a in backends.items()}
         for name, address in self.backends.items():
@@ -46,6 +50,7 @@ class NginxTestbed:
         self.method = method
         self.keep_alive = keep_alive
         self.upstream_keepalive = upstream_keepalive
+        self.log_to = None if log_to is None else format_address(*parse_address("log_to", log_to))
         self.workdir = workdir
         self.port = 0
         self._proc: ManagedProcess | None = None
@@ -68,7 +73,7 @@ class NginxTestbed:
 
     @property
     def adapter_settings(self) -> dict[str, Any]:
-        return {
+        settings = {
             "include_file": str(self.include_path),
             "config": str(self.config_path),
             "prefix": str(self.workdir),
@@ -79,6 +84,7 @@ class NginxTestbed:
             "method": self.method,
             "keepalive": self.upstream_keepalive,
         }
+        return settings if self.log_to is None else {**settings, "log_listen": self.log_to}
 
     def traffic_target(self) -> str:
         return f"http://127.0.0.1:{self.port}/"
@@ -88,6 +94,10 @@ class NginxTestbed:
 
     def render_config(self) -> str:
         tmp = self.workdir / "tmp"
+        logging = "access_log off;" if self.log_to is None else (
+            f"log_format {LOG_FORMAT_NAME} '{LOG_FORMAT}';\n"
+            f"    access_log syslog:server={self.log_to},nohostname {LOG_FORMAT_NAME};"
+        )
         return f"""daemon off;
 master_process on;
 worker_processes 1;
@@ -95,7 +105,7 @@ pid {self.pid_path};
 error_log {self.error_log} notice;
 events {{ worker_connections 1024; }}
 http {{
-    access_log off;
+    {logging}
     client_body_temp_path {tmp}/body;
     proxy_temp_path {tmp}/proxy;
     fastcgi_temp_path {tmp}/fastcgi;

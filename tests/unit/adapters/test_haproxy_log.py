@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 
+from adapters.access_log import AccessLogTimer
 from adapters.base import make_adapter
 from adapters.haproxy import HAProxyAdapter
-from adapters.haproxy_log import HttpLogTimer, parse_http_log_line
+from adapters.haproxy_log import haproxy_requests, parse_http_log_line
 from knapsack_lb.errors import InvalidInputError
 
 # HAProxy 2.6's `option httplog` line in RFC 3164 framing, as it sends it over UDP
@@ -42,38 +42,13 @@ def test_lines_that_time_no_request_of_a_server_are_not_requests() -> None:
     assert parse_http_log_line("Proxy fe started.") is None
 
 
-def test_the_timer_keeps_each_servers_count_mean_spread_and_failures_until_taken() -> None:
-    timer = HttpLogTimer("127.0.0.1", 0, "klb")
-    for tr in (10, 20, 30):
-        timer.feed(line("b1", tr).encode())
-    timer.feed(line("b2", 5, 502).encode())
-    timer.feed(line("b2", 40).encode())
+def test_the_timer_reads_haproxys_lines_of_its_backend_only() -> None:
+    timer = AccessLogTimer("127.0.0.1", 0, "klb", haproxy_requests)
+    timer.feed(line("b1", 10).encode())
     timer.feed(line("b1", 10).replace("klb/", "other/").encode())  # another backend
-    timer.feed(b"\xff garbage")
-    taken = timer.take()
-    assert set(taken) == {"b1", "b2"}
-    b1, b2 = taken["b1"], taken["b2"]
-    assert (b1.successes, b1.failures) == (3, 0)
-    assert b1.latency_mean == pytest.approx(0.020) and b1.latency_std == pytest.approx(0.010)
-    assert (b2.successes, b2.failures, b2.latency_mean, b2.latency_std) == (1, 1, 0.040, None)
+    timer.feed(line("<NOSRV>", -1, 503).encode())
     assert timer.ignored == 2
-    assert timer.take() == {}  # each take counts from the one before
-
-
-def test_the_timer_receives_datagrams_on_its_port_and_stops() -> None:
-    timer = HttpLogTimer("127.0.0.1", 0, "klb").start()
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
-            for _ in range(5):
-                sender.sendto(line("b1", 12).encode(), ("127.0.0.1", timer.port))
-        deadline, received = time.monotonic() + 5.0, 0
-        while received < 5 and time.monotonic() < deadline:
-            received += sum(t.successes for t in timer.take().values())
-            time.sleep(0.02)
-        assert received == 5
-    finally:
-        timer.close()
-    assert not timer.running
+    assert {server: t.successes for server, t in timer._tallies.items()} == {"b1": 1}
 
 
 def test_log_listen_is_an_address_and_without_it_nothing_is_timed() -> None:
