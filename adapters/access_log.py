@@ -25,11 +25,12 @@ import contextlib
 import math
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from knapsack_lb.model import TimedRequests
-from knapsack_lb.names import format_address
+from knapsack_lb.names import format_address, parse_address
 
 MAX_DATAGRAM = 65535
 
@@ -77,16 +78,93 @@ class _Tally:
         return TimedRequests(self.successes, mean, std, self.failures)
 
 
-class AccessLogTimer:
+def dips_by_address(servers: Mapping[str, str]) -> dict[str, str]:
+    """DIP by the ``host:port`` an LB names the server it connected to (Nginx's ``$upstream_addr``,
+    Envoy's ``upstream_remote_address``): its address as written and, for a hostname, every
+    address it resolves to now (none when it does not resolve)."""
+    dip_at: dict[str, str] = {}
+    for dip, address in servers.items():
+        host, port = parse_address(f"servers.{dip}", address)
+        dip_at[format_address(host, port)] = dip
+        with contextlib.suppress(OSError):
+            for *_, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+                dip_at.setdefault(format_address(str(sockaddr[0]), port), dip)
+    return dip_at
+
+
+class ServerTimes:
+    """Each server's tally of one backend's requests, fed by a receiver thread and taken by the
+    adapter (thread-safe)."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.ignored = 0  # lines that held no request of the backend
+        self._tallies: dict[str, _Tally] = {}
+        self._lock = threading.Lock()
+
+    def add(self, requests: Iterable[LoggedRequest]) -> None:
+        """Count one line's requests (those of other backends are left out)."""
+        mine = [request for request in requests if request.backend == self.backend]
+        with self._lock:
+            if not mine:
+                self.ignored += 1
+            for request in mine:
+                self._tallies.setdefault(request.server, _Tally()).add(request)
+
+    def take(self) -> dict[str, TimedRequests]:
+        """Each server's requests since the last take (servers with none are left out)."""
+        with self._lock:
+            tallies, self._tallies = self._tallies, {}
+        return {server: tally.timed() for server, tally in tallies.items()}
+
+
+class TimingsReceiver(ABC):
+    """Where an LB sends the requests it timed: started on first use, read by :meth:`poll`."""
+
+    def __init__(self, host: str, port: int, backend: str, lb: str) -> None:
+        self.host, self.port, self.lb = host, port, lb
+        self.times = ServerTimes(backend)
+        self.error = ""  # why the last poll() could not receive
+
+    @property
+    @abstractmethod
+    def running(self) -> bool: ...
+
+    @abstractmethod
+    def start(self) -> TimingsReceiver:
+        """Bind ``host:port`` and receive in the background (``OSError`` when it cannot be bound)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @property
+    def ignored(self) -> int:
+        return self.times.ignored
+
+    def take(self) -> dict[str, TimedRequests]:
+        """Each server's requests timed since the last take. The first take after construction or
+        :meth:`close` starts receiving (``OSError`` when the port cannot be bound) and has timed
+        nothing yet."""
+        if not self.running:
+            self.start()
+        return self.times.take()
+
+    def poll(self) -> dict[str, TimedRequests] | None:
+        """:meth:`take`, or ``None`` when the port cannot be bound (the reason in ``error``)."""
+        try:
+            return self.take()
+        except OSError as exc:
+            self.error = f"cannot receive {self.lb}'s logs on log_listen {format_address(self.host, self.port)}: {exc}"
+            return None
+
+
+class AccessLogTimer(TimingsReceiver):
     """Receives an LB's access log lines on a UDP ``host:port`` and times ``backend``'s servers,
     each line read by ``parse`` (a line may hold several requests: an LB's retries)."""
 
     def __init__(self, host: str, port: int, backend: str, parse: LineParser, *, lb: str = "the LB") -> None:
-        self.host, self.port, self.backend, self.parse, self.lb = host, port, backend, parse, lb
-        self.ignored = 0  # datagrams that held no request of the backend
-        self.error = ""  # why the last poll() could not receive
-        self._tallies: dict[str, _Tally] = {}
-        self._lock = threading.Lock()
+        super().__init__(host, port, backend, lb)
+        self.parse = parse
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -113,24 +191,6 @@ class AccessLogTimer:
         self._thread.start()
         return self
 
-    def take(self) -> dict[str, TimedRequests]:
-        """Each server's requests timed since the last take (servers with none are left out). The
-        first take after construction or :meth:`close` starts receiving (``OSError`` when the port
-        cannot be bound) and has timed nothing yet."""
-        if not self.running:
-            self.start()
-        with self._lock:
-            tallies, self._tallies = self._tallies, {}
-        return {server: tally.timed() for server, tally in tallies.items()}
-
-    def poll(self) -> dict[str, TimedRequests] | None:
-        """:meth:`take`, or ``None`` when the port cannot be bound (the reason in ``error``)."""
-        try:
-            return self.take()
-        except OSError as exc:
-            self.error = f"cannot receive {self.lb}'s logs on log_listen {format_address(self.host, self.port)}: {exc}"
-            return None
-
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -142,13 +202,7 @@ class AccessLogTimer:
 
     def feed(self, datagram: bytes) -> None:
         """Count one syslog datagram (one line; what the receiver does with each)."""
-        requests = [r for r in self.parse(datagram.decode("utf-8", errors="replace")) if r.backend == self.backend]
-        if not requests:
-            self.ignored += 1
-            return
-        with self._lock:
-            for request in requests:
-                self._tallies.setdefault(request.server, _Tally()).add(request)
+        self.times.add(self.parse(datagram.decode("utf-8", errors="replace")))
 
     def _receive(self) -> None:
         sock = self._sock

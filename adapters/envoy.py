@@ -32,6 +32,8 @@ Semantics (docs/design.md, "Facts about the real load balancers"):
   request (``rq_total`` equals ``cx_total``; seen on Envoy 1.40) and keeps no per-host bytes: a
   share of new sessions, not of the load a DIP carries, so ``traffic()`` says nothing until some
   host has served more requests than connections (HTTP on reused upstream connections).
+* ``timings()``, with ``log_listen`` set, gives the client requests Envoy timed per DIP, from its
+  gRPC access log service (:mod:`adapters.envoy_als`).
 
 How it fails: an unreachable Envoy or admin API, a rejected assignment, or an Envoy that
 does not take the file within ``verify_timeout`` give ``ApplyResult(ok=False, reason=...)``;
@@ -48,17 +50,21 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import httpx
 from google.protobuf import json_format
 from pydantic import ConfigDict, Field, model_validator
 
+from adapters.access_log import dips_by_address
 from adapters.base import AdapterSettings, ApplyResult, CheckResult, parse_settings, quantise
 from knapsack_lb.clock import Clock, SystemClock
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
-from knapsack_lb.model import DipConfig, Traffic, WeightPlan
+from knapsack_lb.model import DipConfig, TimedRequests, Traffic, WeightPlan
 from knapsack_lb.names import AbsolutePath, Address, Name, format_address, parse_address, validate_name
+
+if TYPE_CHECKING:
+    from adapters.envoy_als import AlsTimer
 
 CLA_TYPE_URL = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 MAX_TOTAL_WEIGHT = 2**32 - 1  # Envoy: the sum of weights in a locality must fit in uint32
@@ -282,6 +288,11 @@ class EnvoySettings(AdapterSettings):
     verify_timeout: float = Field(
         2.0, gt=0, le=60, description="Seconds to wait for Envoy to show (file) or ACK (xds) a new assignment."
     )
+    log_listen: Address | None = Field(
+        None, description="host:port of klb's gRPC access log service, where Envoy streams an entry per request "
+        "(an envoy.access_loggers.http_grpc logger on the HTTP connection manager, docs/adapters.md): the client "
+        "requests Envoy timed per host are pooled into the probe rounds at layer 7. Bind it where only Envoy can "
+        "reach it.")
 
     @model_validator(mode="after")
     def _mode_needs_path(self) -> EnvoySettings:
@@ -333,6 +344,8 @@ class EnvoyAdapter:
         self._listen_error = ""
         self.last_error = ""
         self._http: httpx.Client | None = None
+        self._log_timer: AlsTimer | None = None
+        self._dip_at: dict[str, str] = {}
 
     def _start_server(self) -> str:
         """Join (or start) the shared xDS server; the reason if it cannot listen (retried on
@@ -358,7 +371,10 @@ class EnvoyAdapter:
         return cls(settings)
 
     def close(self) -> None:
-        """Release the shared xDS server (stopped when its last adapter closes) and the admin client."""
+        """Release the shared xDS server (stopped when its last adapter closes), the admin client and
+        the access log service."""
+        if self._log_timer is not None:
+            self._log_timer.close()
         if self._http is not None:
             self._http.close()
             self._http = None
@@ -493,6 +509,23 @@ class EnvoyAdapter:
         except EnvoyAdapterError as exc:
             self.last_error = str(exc)
             return None
+
+    def timings(self) -> dict[str, TimedRequests] | None:
+        """The client requests Envoy timed per DIP since the last call, from its gRPC access log;
+        ``None`` without ``log_listen`` or when its port cannot be bound (the reason is in
+        ``last_error``). The service starts at the first call, so that call has timed nothing yet."""
+        if self.settings.log_listen is None:
+            return None
+        if self._log_timer is None:
+            from adapters.envoy_als import AlsTimer  # grpc is loaded only where it is used
+
+            self._log_timer = AlsTimer(*parse_address("log_listen", self.settings.log_listen), self.settings.cluster)
+            self._dip_at = dips_by_address(self.settings.endpoints)
+        taken = self._log_timer.poll()
+        if taken is None:
+            self.last_error = self._log_timer.error
+            return None
+        return {self._dip_at[address]: timed for address, timed in taken.items() if address in self._dip_at}
 
     def _admin_clusters(self) -> Mapping[str, Any]:
         """``/clusters?format=json`` of Envoy's admin API; raises ``EnvoyAdapterError`` if it is unreachable."""

@@ -36,7 +36,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -50,6 +50,27 @@ from knapsack_lb.names import format_address, validate_host, validate_port
 
 CLA_TYPE_URL = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 MAX_IN_FLIGHT = 64  # delta responses remembered per stream until ACKed or NACKed
+
+
+def grpc_server(host: str, port: int, workers: int, what: str, add: Callable[[grpc.Server], None]
+                ) -> tuple[grpc.Server, int]:
+    """A started gRPC server on ``host:port`` (0: any free port) with the services ``add`` puts on
+    it, and the port it is bound to; ``OSError`` when it cannot listen. Without SO_REUSEPORT
+    (gRPC's default is on): a second server on the same port must fail, not share its clients."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=what.replace(" ", "-")),
+                         options=[("grpc.so_reuseport", 0)])
+    add(server)
+    detail = ""
+    try:
+        bound = server.add_insecure_port(format_address(host, port))
+    except RuntimeError as exc:
+        bound = 0
+        detail = str(exc)
+    if bound == 0:
+        server.stop(0)
+        raise OSError(f"{what} could not listen on {format_address(host, port)} (in use?) {detail}".rstrip())
+    server.start()
+    return server, bound
 
 
 @dataclass(frozen=True)
@@ -133,22 +154,9 @@ class EdsServer:
 
     def start(self) -> EdsServer:
         # Each stream holds one pool thread for its response generator.
-        # no SO_REUSEPORT: a second server on the same port must fail, not share the connections
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self._max_streams + 2), options=[("grpc.so_reuseport", 0)]
-        )
-        eds_pb2_grpc.add_EndpointDiscoveryServiceServicer_to_server(_Servicer(self), server)
-        detail = ""
-        try:
-            bound = server.add_insecure_port(format_address(self.host, self.port))
-        except RuntimeError as exc:
-            bound = 0
-            detail = str(exc)
-        if bound == 0:
-            server.stop(0)
-            raise OSError(f"xDS server could not listen on {format_address(self.host, self.port)} (in use?) {detail}")
-        self.port = bound
-        server.start()
+        server, self.port = grpc_server(
+            self.host, self.port, self._max_streams + 2, "xDS server",
+            lambda server: eds_pb2_grpc.add_EndpointDiscoveryServiceServicer_to_server(_Servicer(self), server))
         self._server = server
         return self
 

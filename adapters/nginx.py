@@ -37,7 +37,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -49,7 +48,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field
 
-from adapters.access_log import AccessLogTimer
+from adapters.access_log import AccessLogTimer, dips_by_address
 from adapters.base import AdapterSettings, ApplyResult, CheckResult, parse_settings, quantise
 from adapters.nginx_log import parse_nginx_log_line
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
@@ -120,19 +119,6 @@ def parse_upstream(text: str, servers: Mapping[str, str]) -> dict[str, int]:
         dip = match.group("dip") or by_address.get(match.group("address"), match.group("address"))
         weights[dip] = 0 if match.group("down") else int(match.group("weight") or 1)
     return weights
-
-
-def dips_by_address(servers: Mapping[str, str]) -> dict[str, str]:
-    """DIP by the ``host:port`` Nginx would name it in ``$upstream_addr``: its address as written
-    and, for a hostname, every address it resolves to now (none when it does not resolve)."""
-    dip_at: dict[str, str] = {}
-    for dip, address in servers.items():
-        host, port = parse_address(f"servers.{dip}", address)
-        dip_at[format_address(host, port)] = dip
-        with contextlib.suppress(OSError):
-            for *_, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
-                dip_at.setdefault(format_address(str(sockaddr[0]), port), dip)
-    return dip_at
 
 
 OLD_WORKER_GRACE = 2.0

@@ -271,8 +271,8 @@ class TimedRequests:
     """What a load balancer timed of one DIP's client requests over a round: the ``successes`` and
     their mean (s) and standard deviation (``None``: not known, a source that keeps a mean only), and
     the ``failures`` it saw (errors the DIP answered or connections it refused). Only a layer-7 LB
-    has them: the simulator's times every request, the HAProxy and Nginx adapters read them from the LB's
-    access logs (docs/probes.md, "What the LB timed")."""
+    has them: the simulator's times every request, the HAProxy, Nginx and Envoy adapters read them from
+    the LB's access logs (docs/probes.md, "What the LB timed")."""
 
     successes: int
     latency_mean: float | None

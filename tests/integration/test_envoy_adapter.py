@@ -5,6 +5,7 @@ and the in-process gRPC xDS server. Driven through the shared LB harness."""
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from adapters import envoy as envoy_module
 from adapters.base import make_adapter
 from adapters.envoy import EnvoyAdapter
+from knapsack_lb.lab.procs import free_listening_port
 from knapsack_lb.lab.testbed import lb_harness
 from knapsack_lb.lab.testbed.lb_envoy import EnvoyDeltaXdsTestbed, EnvoyTestbed, EnvoyXdsTestbed
 from knapsack_lb.model import WeightPlan
@@ -102,6 +104,32 @@ def test_traffic_counts_the_requests_envoy_sent_each_dip(envoy: EnvoyTestbed, ad
     assert isinstance(unreachable, EnvoyAdapter)
     with unreachable:
         assert unreachable.traffic() is None and "unreachable" in unreachable.last_error
+
+
+@pytest.mark.parametrize("testbed", [EnvoyTestbed, EnvoyXdsTestbed], ids=["file", "xds"])
+def test_timings_are_the_requests_envoy_logged_for_each_dip(testbed: type[EnvoyTestbed], tmp_path: Path) -> None:
+    """Envoy's gRPC access log to the adapter's log_listen: every request counted under the DIP that
+    served it, at the backends' 20 ms of work."""
+    with lb_harness.emulated_backends(("s1", "s2"), tmp_path / "slow", service_time=0.02) as slow, \
+            testbed(slow, tmp_path / "logged", log_to=f"127.0.0.1:{free_listening_port()}") as logged:
+        adapter = make_adapter("envoy", logged.adapter_settings)
+        assert isinstance(adapter, EnvoyAdapter)
+        with adapter:
+            assert adapter.timings() == {}  # the first call starts the service
+            assert adapter.apply(WeightPlan(vip="web", weights={"s1": 0.25, "s2": 0.75})).ok
+            served = lb_harness.measure_split(logged, 200)
+            assert sum(served.values()) == 200 and "<failed>" not in served
+            timed: dict[str, list[tuple[int, float]]] = {"s1": [], "s2": []}
+            deadline = time.monotonic() + 10.0  # Envoy may still be reconnecting to the service, then flushing
+            while sum(n for parts in timed.values() for n, _ in parts) < 200 and time.monotonic() < deadline:
+                for dip, t in (adapter.timings() or {}).items():
+                    assert t.failures == 0 and t.latency_mean is not None
+                    timed[dip].append((t.successes, t.latency_mean))
+                time.sleep(0.05)
+            assert {dip: sum(n for n, _ in parts) for dip, parts in timed.items()} == served
+            for parts in timed.values():
+                mean = sum(n * m for n, m in parts) / sum(n for n, _ in parts)
+                assert 0.019 <= mean <= 0.040, mean
 
 
 def test_weight_zero_drops_the_endpoint(envoy: EnvoyTestbed, adapter: EnvoyAdapter) -> None:

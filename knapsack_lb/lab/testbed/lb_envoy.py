@@ -9,6 +9,9 @@ instance gets its own free loopback ports (listener, admin), its own ``--base-id
 * :class:`EnvoyXdsTestbed` - EDS from the in-process gRPC server (``adapters.envoy_xds``),
   adapter mode ``xds``.
 
+With ``log_to`` (``host:port``) Envoy streams an access log entry per request to a gRPC access log
+service there, the adapter settings' ``log_listen`` (``adapters.envoy_als``).
+
 The cluster uses ``ROUND_ROBIN`` (Envoy's smooth weighted round robin); the route has no
 retries, so a request that fails during churn is counted as failed.
 
@@ -30,11 +33,13 @@ import httpx
 from adapters.envoy import build_assignment, discovery_response, envoy_binary, validate_assignment, write_atomically
 from knapsack_lb.lab.procs import ManagedProcess, free_listening_port, wait_for_port
 from knapsack_lb.lab.testbed.lb_harness import HttpSender, Sender
-from knapsack_lb.names import parse_address, validate_name
+from knapsack_lb.names import format_address, parse_address, validate_name
 
 HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 HTTP_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+HTTP_GRPC_LOG_TYPE = "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig"
+ALS_CLUSTER = "knapsack_lb_als"
 
 
 def eds_file_config(eds_path: Path) -> dict[str, Any]:
@@ -68,10 +73,13 @@ def bootstrap(
     admin: tuple[str, int],
     eds_config: Mapping[str, Any],
     xds_server: tuple[str, int] | None = None,
+    log_server: tuple[str, int] | None = None,
     lb_policy: str = "ROUND_ROBIN",
 ) -> dict[str, Any]:
     """An Envoy v3 bootstrap: one HTTP listener routing everything to the EDS ``cluster``,
-    the admin API on ``admin``, and (for xDS) a static HTTP/2 cluster ``xds`` to the server."""
+    the admin API on ``admin``, (for xDS) a static HTTP/2 cluster ``xds`` to the server, and (with
+    ``log_server``) a gRPC access logger on the listener streaming to a static HTTP/2 cluster
+    ``knapsack_lb_als`` there, flushed every 0.2 s."""
     validate_name("node_id", node_id)
     validate_name("cluster", cluster)
     if lb_policy not in ("ROUND_ROBIN", "LEAST_REQUEST"):
@@ -89,24 +97,25 @@ def bootstrap(
             "eds_cluster_config": {"eds_config": dict(eds_config)},
         }
     ]
+    def grpc_cluster(name: str, server: tuple[str, int]) -> dict[str, Any]:
+        return {
+            "name": name,
+            "type": "STATIC",
+            "connect_timeout": "1s",
+            "typed_extension_protocol_options": {
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                    "@type": HTTP_OPTIONS_TYPE,
+                    "explicit_http_config": {"http2_protocol_options": {}},
+                }
+            },
+            "load_assignment": {
+                "cluster_name": name,
+                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": socket(*server)}}]}],
+            },
+        }
+
     if xds_server is not None:
-        clusters.append(
-            {
-                "name": "xds",
-                "type": "STATIC",
-                "connect_timeout": "1s",
-                "typed_extension_protocol_options": {
-                    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                        "@type": HTTP_OPTIONS_TYPE,
-                        "explicit_http_config": {"http2_protocol_options": {}},
-                    }
-                },
-                "load_assignment": {
-                    "cluster_name": "xds",
-                    "endpoints": [{"lb_endpoints": [{"endpoint": {"address": socket(*xds_server)}}]}],
-                },
-            }
-        )
+        clusters.append(grpc_cluster("xds", xds_server))
     manager = {
         "@type": HCM_TYPE,
         "stat_prefix": "vip",
@@ -117,6 +126,14 @@ def bootstrap(
         },
         "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER_TYPE}}],
     }
+    if log_server is not None:
+        clusters.append(grpc_cluster(ALS_CLUSTER, log_server))
+        manager["access_log"] = [{"name": "envoy.access_loggers.http_grpc", "typed_config": {
+            "@type": HTTP_GRPC_LOG_TYPE,
+            "common_config": {"log_name": "knapsack_lb", "transport_api_version": "V3",
+                              "grpc_service": {"envoy_grpc": {"cluster_name": ALS_CLUSTER}},
+                              "buffer_flush_interval": "0.2s"},
+        }}]
     return {
         "node": {"id": node_id, "cluster": "knapsack-lb"},
         "admin": {"address": socket(*admin)},
@@ -148,7 +165,8 @@ class EnvoyTestbed:
     mode = "file"
 
     def __init__(
-        self, backends: Mapping[str, str], workdir: Path, *, cluster: str = "vip", start_timeout: float = 20.0
+        self, backends: Mapping[str, str], workdir: Path, *, cluster: str = "vip", start_timeout: float = 20.0,
+        log_to: str | None = None,
     ) -> None:
         if not backends:
             raise ValueError("an Envoy testbed needs at least one backend")
@@ -156,6 +174,7 @@ class EnvoyTestbed:
         self.workdir = workdir
         self.cluster = validate_name("cluster", cluster)
         self.start_timeout = start_timeout
+        self.log_to = None if log_to is None else parse_address("log_to", log_to)
         self.host = "127.0.0.1"
         self.listen_port = 0
         self.admin_port = 0
@@ -175,6 +194,7 @@ class EnvoyTestbed:
             "endpoints": {b: f"{h}:{p}" for b, (h, p) in self.backends.items()},
             "eds_path": str(self.eds_path),
             "admin": f"{self.host}:{self.admin_port}",
+            **({} if self.log_to is None else {"log_listen": format_address(*self.log_to)}),
         }
 
     def traffic_target(self) -> str:
@@ -231,6 +251,7 @@ class EnvoyTestbed:
             admin=(self.host, self.admin_port),
             eds_config=self.eds_config(),
             xds_server=self.xds_server(),
+            log_server=self.log_to,
         )
         config_path = self.workdir / "envoy.json"
         config_path.write_text(json.dumps(config, indent=1), encoding="utf-8")
@@ -286,9 +307,10 @@ class EnvoyXdsTestbed(EnvoyTestbed):
     api_type = "GRPC"
 
     def __init__(
-        self, backends: Mapping[str, str], workdir: Path, *, cluster: str = "vip", start_timeout: float = 20.0
+        self, backends: Mapping[str, str], workdir: Path, *, cluster: str = "vip", start_timeout: float = 20.0,
+        log_to: str | None = None,
     ) -> None:
-        super().__init__(backends, workdir, cluster=cluster, start_timeout=start_timeout)
+        super().__init__(backends, workdir, cluster=cluster, start_timeout=start_timeout, log_to=log_to)
         self.xds_port = 0
         self._server: Any = None
 

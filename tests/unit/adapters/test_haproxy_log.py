@@ -48,7 +48,7 @@ def test_the_timer_reads_haproxys_lines_of_its_backend_only() -> None:
     timer.feed(line("b1", 10).replace("klb/", "other/").encode())  # another backend
     timer.feed(line("<NOSRV>", -1, 503).encode())
     assert timer.ignored == 2
-    assert {server: t.successes for server, t in timer._tallies.items()} == {"b1": 1}
+    assert {server: t.successes for server, t in timer.times.take().items()} == {"b1": 1}
 
 
 def test_log_listen_is_an_address_and_without_it_nothing_is_timed() -> None:

@@ -7,9 +7,9 @@ import socket
 
 import pytest
 
-from adapters.access_log import LoggedRequest
+from adapters.access_log import LoggedRequest, dips_by_address
 from adapters.base import make_adapter
-from adapters.nginx import NginxAdapter, dips_by_address
+from adapters.nginx import NginxAdapter
 from adapters.nginx_log import LOG_FORMAT, parse_nginx_log_line
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.lab.procs import free_port
