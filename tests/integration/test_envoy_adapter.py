@@ -5,7 +5,6 @@ and the in-process gRPC xDS server. Driven through the shared LB harness."""
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from knapsack_lb.lab.procs import free_listening_port
 from knapsack_lb.lab.testbed import lb_harness
 from knapsack_lb.lab.testbed.lb_envoy import EnvoyDeltaXdsTestbed, EnvoyTestbed, EnvoyXdsTestbed
 from knapsack_lb.model import WeightPlan
+from tests.integration.timings_check import assert_timed_as_served
 
 NAMES = ("b1", "b2", "b3")
 TARGET = {"b1": 0.1, "b2": 0.3, "b3": 0.6}
@@ -115,21 +115,7 @@ def test_timings_are_the_requests_envoy_logged_for_each_dip(testbed: type[EnvoyT
         adapter = make_adapter("envoy", logged.adapter_settings)
         assert isinstance(adapter, EnvoyAdapter)
         with adapter:
-            assert adapter.timings() == {}  # the first call starts the service
-            assert adapter.apply(WeightPlan(vip="web", weights={"s1": 0.25, "s2": 0.75})).ok
-            served = lb_harness.measure_split(logged, 200)
-            assert sum(served.values()) == 200 and "<failed>" not in served
-            timed: dict[str, list[tuple[int, float]]] = {"s1": [], "s2": []}
-            deadline = time.monotonic() + 10.0  # Envoy may still be reconnecting to the service, then flushing
-            while sum(n for parts in timed.values() for n, _ in parts) < 200 and time.monotonic() < deadline:
-                for dip, t in (adapter.timings() or {}).items():
-                    assert t.failures == 0 and t.latency_mean is not None
-                    timed[dip].append((t.successes, t.latency_mean))
-                time.sleep(0.05)
-            assert {dip: sum(n for n, _ in parts) for dip, parts in timed.items()} == served
-            for parts in timed.values():
-                mean = sum(n * m for n, m in parts) / sum(n for n, _ in parts)
-                assert 0.019 <= mean <= 0.040, mean
+            assert_timed_as_served(logged, adapter, WeightPlan(vip="web", weights={"s1": 0.25, "s2": 0.75}))
 
 
 def test_weight_zero_drops_the_endpoint(envoy: EnvoyTestbed, adapter: EnvoyAdapter) -> None:

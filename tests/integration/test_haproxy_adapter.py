@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from knapsack_lb.lab.procs import free_port
 from knapsack_lb.lab.testbed import lb_harness
 from knapsack_lb.lab.testbed.lb_haproxy import BACKEND, HAProxyTestbed
 from knapsack_lb.model import WeightPlan
+from tests.integration.timings_check import assert_timed_as_served
 
 NAMES = ("b1", "b2", "b3")
 TARGET = {"b1": 0.1, "b2": 0.3, "b3": 0.6}
@@ -118,22 +118,8 @@ def test_timings_are_the_requests_haproxy_logged_for_each_dip(tmp_path: Path) ->
             HAProxyTestbed(slow, tmp_path / "logged", log_to=f"127.0.0.1:{free_port()}") as logged:
         adapter = _adapter(logged, servers={"web-1": "s1", "web-2": "s2"})
         try:
-            assert adapter.timings() == {}  # the first call starts the receiver
-            assert adapter.apply(WeightPlan(vip="web", weights={"web-1": 0.25, "web-2": 0.75})).ok
-            counts = lb_harness.measure_split(logged, 200)
-            served = {"web-1": counts.get("s1", 0), "web-2": counts.get("s2", 0)}
-            assert sum(served.values()) == 200
-            timed: dict[str, list[tuple[int, float]]] = {"web-1": [], "web-2": []}
-            deadline = time.monotonic() + 5.0  # UDP: the last lines may still be on their way
-            while sum(n for parts in timed.values() for n, _ in parts) < 200 and time.monotonic() < deadline:
-                for dip, t in (adapter.timings() or {}).items():
-                    assert t.failures == 0 and t.latency_mean is not None
-                    timed[dip].append((t.successes, t.latency_mean))
-                time.sleep(0.05)
-            assert {dip: sum(n for n, _ in parts) for dip, parts in timed.items()} == served
-            for parts in timed.values():
-                mean = sum(n * m for n, m in parts) / sum(n for n, _ in parts)
-                assert 0.019 <= mean <= 0.040, mean
+            assert_timed_as_served(logged, adapter, WeightPlan(vip="web", weights={"web-1": 0.25, "web-2": 0.75}),
+                                   backend_of={"web-1": "s1", "web-2": "s2"})
         finally:
             adapter.close()
 

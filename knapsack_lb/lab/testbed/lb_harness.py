@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -47,7 +47,7 @@ from typing import Any, Protocol, runtime_checkable
 import httpx
 
 from adapters.base import Adapter, ApplyResult
-from knapsack_lb.model import PlanMethod, WeightPlan
+from knapsack_lb.model import PlanMethod, TimedRequests, WeightPlan
 from knapsack_lb.names import validate_name
 
 BACKEND_HEADER = "X-Backend"
@@ -159,6 +159,26 @@ def measure_split(testbed: LbTestbed, n: int, *, concurrency: int = 2, timeout: 
     for record in served:
         counts[record.backend if record.backend is not None else "<failed>"] += 1
     return dict(counts)
+
+
+def timed_per_dip(
+    timings: Callable[[], Mapping[str, TimedRequests] | None], requests: int, *, timeout: float = 10.0
+) -> dict[str, TimedRequests]:
+    """What an adapter's ``timings()`` reported, pooled per DIP (count, mean, failures; no spread),
+    asked every 50 ms until ``requests`` were reported or ``timeout`` seconds passed: the LB's last
+    log lines or entries may still be on their way."""
+    counts: Counter[str] = Counter()
+    totals: dict[str, float] = {}
+    failures: Counter[str] = Counter()
+    deadline = time.monotonic() + timeout
+    while sum(counts.values()) + sum(failures.values()) < requests and time.monotonic() < deadline:
+        for dip, timed in (timings() or {}).items():
+            counts[dip] += timed.successes
+            totals[dip] = totals.get(dip, 0.0) + timed.successes * (timed.latency_mean or 0.0)
+            failures[dip] += timed.failures
+        time.sleep(0.05)
+    return {dip: TimedRequests(counts[dip], totals[dip] / counts[dip] if counts[dip] else None, None, failures[dip])
+            for dip in counts | failures}
 
 
 def split_error(counts: Mapping[str, int], weights: Mapping[str, float]) -> float:
