@@ -1,4 +1,4 @@
-"""`klb bench lb-timings`: the learner live at layer 7 with and without HAProxy's own timings.
+"""`klb bench lb-timings`: the learner live at layer 7 with and without the LB's own timings.
 
 See :mod:`knapsack_lb.lab.bench.lb_timings`; measured numbers: docs/results/lb-timings.md.
 """
@@ -28,18 +28,22 @@ def _seeds(text: str) -> list[int]:
 
 
 def bench_lb_timings_command(
-    seeds: str = typer.Option("1,2,3", help="Seeds; each runs once with HAProxy's logs and once without."),
+    seeds: str = typer.Option("1,2,3", help="Seeds; each runs once with the LB's timings and once without."),
+    lb: str = typer.Option("haproxy", "--lb", help="The LB in front of the DIPs: haproxy, nginx or envoy."),
     seconds: float = typer.Option(120.0, min=20.0, max=1800.0, help="Seconds of load per run."),
     count_after: float = typer.Option(60.0, min=0.0, help="Latency counted from this second of a run."),
     workdir: Path = typer.Option(None, "--workdir", help="Keep configs and logs here (default: a temporary one)."),
     as_json: bool = typer.Option(False, "--json", help="Print the runs and the summary as JSON on stdout."),
 ) -> None:
-    """Layer 7 (HAProxy mode http, roundrobin), klb learning from the start, with and without the
-    adapter's log_listen: clients' latency, failed requests, probes sent, plans."""
+    """Layer 7 (HAProxy mode http roundrobin, Nginx round robin or Envoy ROUND_ROBIN), klb learning from
+    the start, with and without the adapter's log_listen: clients' latency, failed requests, probes
+    sent, plans."""
     from knapsack_lb.lab.bench import lb_timings
     from knapsack_lb.service.logs import configure_logging
 
     chosen = _seeds(seeds)
+    if lb not in ("haproxy", "nginx", "envoy"):
+        raise typer.BadParameter(f"must be haproxy, nginx or envoy (got {lb!r})", param_hint="--lb")
     if count_after >= seconds:
         raise typer.BadParameter(f"count_after {count_after:g} must be below seconds {seconds:g}",
                                  param_hint="--count-after")
@@ -50,13 +54,13 @@ def bench_lb_timings_command(
                      console=err) as progress:
         task = progress.add_task("runs", total=2 * len(chosen))
         runs = lb_timings.run_pairs(chosen, seconds, count_after, workdir or Path(scratch),
-                                    on_done=lambda _: progress.advance(task))
+                                    on_done=lambda _: progress.advance(task), lb=lb)  # type: ignore[arg-type]
     result = lb_timings.report(runs)
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2, allow_nan=False) + "\n")
         return
-    table = Table(title=f"layer 7, HAProxy roundrobin: latency from {count_after:g} s of {seconds:g} s")
-    for col in ("seed", "HAProxy's timings", "mean ms", "p99 ms", "requests", "failed", "probe requests", "plan"):
+    table = Table(title=f"layer 7, {lb} round robin: latency from {count_after:g} s of {seconds:g} s")
+    for col in ("seed", "the LB's timings", "mean ms", "p99 ms", "requests", "failed", "probe requests", "plan"):
         table.add_column(col)
     for r in runs:
         table.add_row(str(r.seed), "yes" if r.logs else "no", _ms(r.mean_ms), _ms(r.p99_ms), str(r.requests),

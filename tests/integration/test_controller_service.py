@@ -249,14 +249,15 @@ async def test_a_step_that_fails_after_its_plan_is_stored_is_counted_in_status_a
 LIVE_DIPS = ("a", "b", "c")
 
 
-async def _behind_haproxy(store: RedisLatencyStore, backends: dict[str, str], haproxy: Any,
-                          controller_id: str) -> tuple[FluidModel, FakeClock, ControllerService]:
-    """The VIP of LIVE_DIPS at the emulated ``backends`` behind a real HAProxy; its probe rounds come from
-    a fluid model of the same DIPs (a test writes them into the store)."""
+async def _behind_lb(store: RedisLatencyStore, backends: dict[str, str], testbed: Any,
+                     controller_id: str) -> tuple[FluidModel, FakeClock, ControllerService]:
+    """The VIP of LIVE_DIPS at the emulated ``backends`` behind a real LB (a testbed of
+    ``knapsack_lb.lab.testbed``); its probe rounds come from a fluid model of the same DIPs (a test
+    writes them into the store)."""
     from knapsack_lb.config import LoadBalancerConfig
     from knapsack_lb.service.adapters import adapter_factory
 
-    lbs = {"hx": LoadBalancerConfig(adapter="haproxy", settings=haproxy.adapter_settings)}
+    lbs = {"hx": LoadBalancerConfig(adapter=testbed.adapter_name, settings=testbed.adapter_settings)}
     dips = [FluidDip("a", 1, 100.0), FluidDip("b", 2, 100.0), FluidDip("c", 4, 90.0)]
     model = FluidModel(dips, total_rate=0.7 * sum(d.capacity for d in dips), vip="web", seed=3)
     await store.put_vip(VipConfig(name="web", dips=tuple(DipConfig(name=n, address=backends[n]) for n in LIVE_DIPS),
@@ -277,7 +278,7 @@ async def test_a_refused_apply_keeps_the_confirmed_weights_in_a_real_haproxy(
 
     with lb_harness.emulated_backends(LIVE_DIPS, tmp_path / "backends") as backends, \
             HAProxyTestbed(backends, tmp_path / "haproxy") as haproxy:
-        model, clock, service = await _behind_haproxy(store, backends, haproxy, "ctl-live")
+        model, clock, service = await _behind_lb(store, backends, haproxy, "ctl-live")
         reader = HAProxyAdapter.from_config(haproxy.adapter_settings)
 
         async def round_and_tick() -> Any:
@@ -314,19 +315,24 @@ async def test_a_refused_apply_keeps_the_confirmed_weights_in_a_real_haproxy(
         assert outcome.pushed and service.controllers["web"].confirmed_version > confirmed.version
 
 
-async def test_the_live_loop_pools_the_requests_haproxy_logged_into_the_rounds(
-        store: RedisLatencyStore, tmp_path: Path) -> None:
-    """A layer-7 HAProxy logging to the adapter's log_listen: every client request it timed between two
-    ticks reaches the controller inside its DIP's round (``lb_timed``; what the budget then does with
-    them: tests/unit/test_loop.py)."""
+@pytest.mark.parametrize("lb", ["haproxy", "nginx", "envoy"])
+async def test_the_live_loop_pools_the_requests_the_lb_timed_into_the_rounds(
+        lb: str, store: RedisLatencyStore, tmp_path: Path) -> None:
+    """A layer-7 LB sending what it timed to the adapter's log_listen (HAProxy's and Nginx's logs over
+    syslog, Envoy's gRPC access log): every client request it timed between two ticks reaches the
+    controller inside its DIP's round (``lb_timed``; what the budget then does with them:
+    tests/unit/test_loop.py)."""
+    import socket
+
     from knapsack_lb.lab.procs import free_port
     from knapsack_lb.lab.testbed import lb_harness
-    from knapsack_lb.lab.testbed.lb_haproxy import HAProxyTestbed
     from tests.unit.controller.loop import record_steps
 
+    testbed_class = lb_harness.load_testbed_class(lb)
+    log_to = f"127.0.0.1:{free_port(kind=socket.SOCK_STREAM if lb == 'envoy' else socket.SOCK_DGRAM)}"
     with lb_harness.emulated_backends(LIVE_DIPS, tmp_path / "backends", service_time=0.002) as backends, \
-            HAProxyTestbed(backends, tmp_path / "haproxy", log_to=f"127.0.0.1:{free_port()}") as haproxy:
-        model, clock, service = await _behind_haproxy(store, backends, haproxy, "ctl-logs")
+            testbed_class(backends, tmp_path / lb, log_to=log_to) as testbed:
+        model, clock, service = await _behind_lb(store, backends, testbed, "ctl-logs")
 
         async def round_and_tick() -> None:
             clock.advance(SETTINGS.loop.interval)
@@ -334,13 +340,13 @@ async def test_the_live_loop_pools_the_requests_haproxy_logged_into_the_rounds(
             await service.tick()
 
         try:
-            await round_and_tick()  # the first tick starts the adapter's log receiver
+            await round_and_tick()  # the first tick starts the adapter's receiver
             steps = record_steps(service.controllers["web"])
             sent: dict[str, int] = {n: 0 for n in LIVE_DIPS}
             for _ in range(3):
-                for backend, count in lb_harness.measure_split(haproxy, 150).items():
+                for backend, count in lb_harness.measure_split(testbed, 150).items():
                     sent[backend] += count
-                await asyncio.sleep(1.0)  # the last log lines are datagrams on their way
+                await asyncio.sleep(1.0)  # the last lines or entries are on their way
                 await round_and_tick()
             assert sum(sent.values()) == 450
             timed = {n: sum(rounds[n].lb_timed for rounds in steps if n in rounds) for n in LIVE_DIPS}

@@ -1,14 +1,15 @@
-"""``klb bench lb-timings``: what HAProxy's own timings change for the learner, live at layer 7.
+"""``klb bench lb-timings``: what an LB's own timings change for the learner, live at layer 7.
 
 The demo's testbed (:class:`knapsack_lb.lab.demo.testbed.DemoTestbed`: six emulated DIPs of
 capacities 1, 1, 0.8, 0.8, 0.6 and 0.6, 20 ms of work at capacity 1, clients at 70 % of the pool's
-capacity) with HAProxy in ``mode http``, ``balance roundrobin``, and klb (probe worker and
-controller, every learning knob at its default) learning from the first second. Each seed runs
-twice on the same arrivals: once with the adapter's ``log_listen`` (HAProxy sends each request's
-log line there and the controller pools what it timed into the DIPs' rounds:
-:mod:`adapters.haproxy_log`), once without. Per run: the clients' mean and p99 latency over the
-counted window (from ``count_after`` seconds to the end, learning included), failed requests, the
-probe requests the worker sent, the probe budget and the plan at the end.
+capacity) behind HAProxy in ``mode http`` with ``balance roundrobin`` (or Nginx round robin, or
+Envoy ``ROUND_ROBIN`` with EDS from a file), and klb (probe worker and controller, every learning
+knob at its default) learning from the first second. Each seed runs twice on the same arrivals:
+once with the adapter's ``log_listen`` (the LB sends what it timed of each request there and the
+controller pools it into the DIPs' rounds: :mod:`adapters.access_log`), once without. Per run: the
+clients' mean and p99 latency over the counted window (from ``count_after`` seconds to the end,
+learning included), failed requests, the probe requests the worker sent, the probe budget and the
+plan at the end.
 
 How it fails: a run whose service or load generator fails raises; the numbers of one seed are one
 live run each (the machine's other load shows in them), so compare pairs, not single numbers.
@@ -17,6 +18,7 @@ live run each (the machine's other load shows in them), so compare pairs, not si
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,7 +28,7 @@ import numpy as np
 
 from knapsack_lb.lab.demo.runner import run_loadgen
 from knapsack_lb.lab.demo.settings import DemoSettings
-from knapsack_lb.lab.demo.testbed import VIP, DemoTestbed
+from knapsack_lb.lab.demo.testbed import VIP, DemoLb, DemoTestbed
 from knapsack_lb.lab.procs import free_port
 from knapsack_lb.service.runner import ServiceRunner, controller_component, open_store, probe_component
 
@@ -35,8 +37,9 @@ LOAD_SEED_OFFSET = 500  # the load generator's seed is the run's seed plus this,
 
 @dataclass(frozen=True)
 class TimingsRun:
-    """One live run: with or without HAProxy's logs."""
+    """One live run: with or without the LB's own timings."""
 
+    lb: str
     seed: int
     logs: bool
     mean_ms: float | None  # None: no request succeeded in the counted window
@@ -49,14 +52,18 @@ class TimingsRun:
     plan: dict[str, float] = field(default_factory=dict)
 
 
-async def run_once(seed: int, logs: bool, seconds: float, count_after: float, workdir: Path) -> TimingsRun:
+async def run_once(seed: int, logs: bool, seconds: float, count_after: float, workdir: Path,
+                   lb: DemoLb = "haproxy") -> TimingsRun:
     """One run of ``seconds`` of load (see the module docstring); counted from ``count_after``."""
     from probes.worker import STATUS_COMPONENT
 
     settings = DemoSettings.quick_preset(seed=seed)
-    log_to = f"127.0.0.1:{free_port()}" if logs else None
-    with DemoTestbed(settings, workdir, max_seconds=seconds + 120.0, log_to=log_to) as tb:
-        tb.lb.reconfigure(balance="roundrobin", mode="http")
+    # HAProxy and Nginx log over UDP; Envoy streams over gRPC (TCP)
+    log_to = f"127.0.0.1:{free_port(kind=socket.SOCK_STREAM if lb == 'envoy' else socket.SOCK_DGRAM)}" if logs \
+        else None
+    with DemoTestbed(settings, workdir, max_seconds=seconds + 120.0, log_to=log_to, lb=lb) as tb:
+        if lb == "haproxy":
+            tb.lb.reconfigure(balance="roundrobin", mode="http")
         config = tb.klb_config()
         config = config.model_copy(update={"vips": [v.model_copy(update={"paused": False}) for v in config.vips]})
         runner = ServiceRunner(config, [probe_component(config), controller_component(config)])
@@ -78,7 +85,7 @@ async def run_once(seed: int, logs: bool, seconds: float, count_after: float, wo
     status = np.asarray(samples["status"], dtype=int)
     latency = np.asarray(samples["latency"], dtype=float)[status == 200]
     return TimingsRun(
-        seed=seed, logs=logs,
+        lb=lb, seed=seed, logs=logs,
         mean_ms=float(latency.mean() * 1000) if latency.size else None,
         p99_ms=float(np.percentile(latency, 99) * 1000) if latency.size else None,
         requests=int(status.size) + int(samples.get("errors", 0)),
@@ -91,13 +98,13 @@ async def run_once(seed: int, logs: bool, seconds: float, count_after: float, wo
 
 
 def run_pairs(seeds: Sequence[int], seconds: float, count_after: float, workdir: Path,
-              on_done: Callable[[TimingsRun], None] | None = None) -> list[TimingsRun]:
-    """For each seed, a run with HAProxy's logs and one without, one after the other."""
+              on_done: Callable[[TimingsRun], None] | None = None, lb: DemoLb = "haproxy") -> list[TimingsRun]:
+    """For each seed, a run with the LB's timings and one without, one after the other."""
     runs = []
     for seed in seeds:
         for logs in (True, False):
             run = asyncio.run(run_once(seed, logs, seconds, count_after,
-                                       workdir / f"seed{seed}-{'logs' if logs else 'probes'}"))
+                                       workdir / f"seed{seed}-{'logs' if logs else 'probes'}", lb))
             runs.append(run)
             if on_done is not None:
                 on_done(run)

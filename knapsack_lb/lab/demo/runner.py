@@ -67,7 +67,7 @@ async def run_loadgen(tb: DemoTestbed, settings: DemoSettings, duration: float, 
                       out: Path, on_progress: ProgressFn, stop_when: Callable[[], bool] | None = None,
                       ) -> dict[str, Any] | None:
     """One load-generator process; returns its samples, or None when ``stop_when`` ended it early."""
-    argv = [sys.executable, "-m", "knapsack_lb.lab.demo.loadgen", "--port", str(tb.lb.port),
+    argv = [sys.executable, "-m", "knapsack_lb.lab.demo.loadgen", "--port", str(tb.vip_port),
             "--rate", f"{settings.request_rate:.6f}", "--connections", str(settings.connections),
             "--lifetime", str(settings.connection_lifetime), "--duration", str(duration),
             "--count-after", str(count_after), "--seed", str(seed), "--timeout", str(settings.client_timeout),

@@ -8,6 +8,10 @@
   Each process stops by itself after ``max_seconds`` if the demo were killed.
 * HAProxy: :class:`knapsack_lb.lab.testbed.lb_haproxy.HAProxyTestbed` in ``mode tcp`` (layer 4, as in
   the paper) with an admin socket; :meth:`DemoTestbed.switch` rewrites its config and reloads.
+  With ``lb="nginx"`` or ``lb="envoy"`` the clients reach the DIPs through that LB instead
+  (:class:`~knapsack_lb.lab.testbed.lb_nginx.NginxTestbed`, round robin, or
+  :class:`~knapsack_lb.lab.testbed.lb_envoy.EnvoyTestbed`, EDS from a file; both layer 7), for the
+  benchmarks that compare LBs; the demo's phases need HAProxy.
 * :meth:`DemoTestbed.klb_config`: the configuration the service runner gets (one VIP whose DIPs
   are the emulators, adapter ``haproxy`` on the demo's admin socket).
 """
@@ -25,18 +29,22 @@ from typing import Any, Literal
 from knapsack_lb.config import KlbConfig, parse_config
 from knapsack_lb.lab.demo.settings import DemoSettings
 from knapsack_lb.lab.procs import ManagedProcess, RedisServer, free_listening_port
+from knapsack_lb.lab.testbed.lb_envoy import EnvoyTestbed
 from knapsack_lb.lab.testbed.lb_haproxy import BACKEND, HAProxyTestbed
+from knapsack_lb.lab.testbed.lb_nginx import NginxTestbed
 
 VIP = "demo"
+DemoLb = Literal["haproxy", "nginx", "envoy"]
 
 
 class DemoTestbed:
     """Everything the demo runs besides the service itself; a context manager that stops it all."""
 
     def __init__(self, settings: DemoSettings, workdir: Path, max_seconds: float = 3600.0,
-                 log_to: str | None = None) -> None:
+                 log_to: str | None = None, lb: DemoLb = "haproxy") -> None:
         self.settings = settings
-        self.log_to = log_to  # host:port (UDP) HAProxy logs to, the adapter's log_listen (HTTP logs in mode http)
+        self.log_to = log_to  # host:port the LB sends the requests it timed to, the adapter's log_listen
+        self.lb_kind = lb
         self.workdir = workdir
         self.max_seconds = max_seconds
         self.redis = RedisServer(workdir / "redis")
@@ -44,15 +52,21 @@ class DemoTestbed:
         self.capacity: dict[str, float] = dict(zip(settings.names, settings.capacities, strict=True))
         self._emulators: dict[str, ManagedProcess] = {}
         self.haproxy: HAProxyTestbed | None = None
+        self.front: HAProxyTestbed | NginxTestbed | EnvoyTestbed | None = None  # the LB the clients reach
 
     def __enter__(self) -> DemoTestbed:
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
             self.redis.start()
             self._start_emulators()
-            self.haproxy = HAProxyTestbed(self.backends, self.workdir / "haproxy", balance="roundrobin", mode="tcp",
-                                          log_to=self.log_to)
-            self.haproxy.__enter__()
+            if self.lb_kind == "nginx":
+                self.front = NginxTestbed(self.backends, self.workdir / "nginx", log_to=self.log_to)
+            elif self.lb_kind == "envoy":
+                self.front = EnvoyTestbed(self.backends, self.workdir / "envoy", log_to=self.log_to)
+            else:
+                self.front = self.haproxy = HAProxyTestbed(self.backends, self.workdir / "haproxy",
+                                                           balance="roundrobin", mode="tcp", log_to=self.log_to)
+            self.front.__enter__()
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -60,9 +74,9 @@ class DemoTestbed:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if self.haproxy is not None:
-            self.haproxy.__exit__(None, None, None)
-            self.haproxy = None
+        if self.front is not None:
+            self.front.__exit__(None, None, None)
+            self.front = self.haproxy = None
         for proc in self._emulators.values():
             proc.stop()
         self._emulators.clear()
@@ -103,10 +117,16 @@ class DemoTestbed:
         self._emulators[name] = self._emulator(name)
         self._wait_for(name)
 
-    # --- HAProxy -------------------------------------------------------------------------
+    # --- the LB --------------------------------------------------------------------------
+    @property
+    def vip_port(self) -> int:
+        """The port the clients send to (the LB's listener on 127.0.0.1)."""
+        assert self.front is not None, "testbed not started"
+        return self.front.listen_port if isinstance(self.front, EnvoyTestbed) else self.front.port
+
     @property
     def lb(self) -> HAProxyTestbed:
-        assert self.haproxy is not None, "testbed not started"
+        assert self.haproxy is not None, "testbed not started, or not in front of HAProxy"
         return self.haproxy
 
     def switch(self, balance: str, mode: Literal["http", "tcp"]) -> None:
@@ -140,17 +160,19 @@ class DemoTestbed:
     # --- the service's configuration -------------------------------------------------------
     def klb_config(self, api_port: int = 0) -> KlbConfig:
         s = self.settings
+        assert self.front is not None, "testbed not started"
         raw: dict[str, Any] = {
             "redis": {"url": self.redis.url, "namespace": "demo"},
             "vip_source": "config",
-            "load_balancers": {"haproxy": {"adapter": "haproxy", "settings": self.lb.adapter_settings}},
+            "load_balancers": {self.lb_kind: {"adapter": self.front.adapter_name,
+                                              "settings": self.front.adapter_settings}},
             "vips": [{
                 "name": VIP,
                 "objective": "mean",
                 "paused": True,  # the baseline phases run first; the runner unpauses it to learn
                 "probe": {"path": "/probe", "requests_per_round": s.probe_requests, "interval": s.probe_interval,
                           "timeout": 2.0},
-                "adapter": {"lb": "haproxy"},
+                "adapter": {"lb": self.lb_kind},
                 "dips": [{"name": n, "address": a} for n, a in self.backends.items()],
             }],
             # physical inputs only (the cadence, a round's age, the drain time): every learning knob at its default

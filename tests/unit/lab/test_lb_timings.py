@@ -10,7 +10,8 @@ from knapsack_lb.lab.bench.lb_timings import TimingsRun, summarise
 
 
 def _run(seed: int, logs: bool, mean: float | None) -> TimingsRun:
-    return TimingsRun(seed=seed, logs=logs, mean_ms=mean, p99_ms=mean, requests=100, failed=0, probe_requests=10)
+    return TimingsRun(lb="haproxy", seed=seed, logs=logs, mean_ms=mean, p99_ms=mean, requests=100, failed=0,
+                      probe_requests=10)
 
 
 def test_pairs_are_compared_by_seed_and_a_run_without_answers_has_no_ratio() -> None:
@@ -29,3 +30,5 @@ def test_the_command_names_a_bad_option() -> None:
     assert bad.exit_code == 2 and "--seeds" in bad.output and "'1,x'" in bad.output
     late = runner.invoke(app, ["bench", "lb-timings", "--seconds", "30", "--count-after", "30"])
     assert late.exit_code == 2 and "--count-after" in late.output
+    other = runner.invoke(app, ["bench", "lb-timings", "--lb", "traefik"])
+    assert other.exit_code == 2 and "--lb" in other.output and "'traefik'" in other.output
