@@ -6,14 +6,16 @@ to a syslog server over UDP (HAProxy: ``log <host:port>`` with ``option httplog`
 ``log_listen``, reads each with the LB's own line parser (:mod:`adapters.haproxy_log`,
 :mod:`adapters.nginx_log`), keeps for each server of one backend the requests' count, sum and
 sum of squares of the response time and the failures (no response, or a 5xx the server
-answered), and :meth:`AccessLogTimer.take` hands them over as
+answered), and :meth:`TimingsReceiver.poll` hands them over by DIP as
 :class:`~knapsack_lb.model.TimedRequests`, restarting the count. The controller pools them into
 the DIP's probe round (KnapsackLB paper, section 4.3: a DIP's latency at the weight it carries;
-the LB's own requests are samples of it that cost the DIP nothing).
+the LB's own requests are samples of it that cost the DIP nothing). Envoy, which sends no syslog,
+streams the same over gRPC to another :class:`TimingsReceiver` (:mod:`adapters.envoy_als`).
 
 How it fails: a line the parser does not read as a request of the backend is ignored (counted in
-``ignored``); a port that cannot be bound raises ``OSError`` from :meth:`AccessLogTimer.take`
-(which binds it on first use) or :meth:`AccessLogTimer.start`, and the next take tries again;
+``ignored``); a port that cannot be bound raises ``OSError`` from :meth:`TimingsReceiver.take`
+(which binds it on first use; :meth:`TimingsReceiver.poll` returns ``None`` and says why), and the
+next take tries again;
 anyone who can send datagrams to ``log_listen`` can feed it lines, so bind it where only the LB
 reaches it (loopback, or a private interface). UDP drops datagrams under load; the counts are
 then a sample, which the pooled mean does not mind.
@@ -149,13 +151,15 @@ class TimingsReceiver(ABC):
             self.start()
         return self.times.take()
 
-    def poll(self) -> dict[str, TimedRequests] | None:
-        """:meth:`take`, or ``None`` when the port cannot be bound (the reason in ``error``)."""
+    def poll(self, dip_of: Callable[[str], str | None]) -> dict[str, TimedRequests] | None:
+        """:meth:`take` by DIP (``dip_of`` names a server's DIP; servers it does not know are left
+        out), or ``None`` when the port cannot be bound (the reason in ``error``)."""
         try:
-            return self.take()
+            taken = self.take()
         except OSError as exc:
             self.error = f"cannot receive {self.lb}'s logs on log_listen {format_address(self.host, self.port)}: {exc}"
             return None
+        return {dip: timed for server, timed in taken.items() if (dip := dip_of(server)) is not None}
 
 
 class AccessLogTimer(TimingsReceiver):

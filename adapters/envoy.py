@@ -521,11 +521,10 @@ class EnvoyAdapter:
 
             self._log_timer = AlsTimer(*parse_address("log_listen", self.settings.log_listen), self.settings.cluster)
             self._dip_at = dips_by_address(self.settings.endpoints)
-        taken = self._log_timer.poll()
-        if taken is None:
+        timed = self._log_timer.poll(self._dip_at.get)
+        if timed is None:
             self.last_error = self._log_timer.error
-            return None
-        return {self._dip_at[address]: timed for address, timed in taken.items() if address in self._dip_at}
+        return timed
 
     def _admin_clusters(self) -> Mapping[str, Any]:
         """``/clusters?format=json`` of Envoy's admin API; raises ``EnvoyAdapterError`` if it is unreachable."""

@@ -357,11 +357,10 @@ class HAProxyAdapter:
             return None
         if self._log_timer is None:
             self._log_timer = AccessLogTimer(*self.log_listen, self.backend, haproxy_requests, lb="HAProxy")
-        taken = self._log_timer.poll()
-        if taken is None:
+        timed = self._log_timer.poll(self.dip_of)
+        if timed is None:
             self.last_error = self._log_timer.error
-            return None
-        return {self.dip_of(server): timed for server, timed in taken.items()}
+        return timed
 
     def close(self) -> None:
         """Stop receiving HAProxy's logs (nothing else is held between calls)."""

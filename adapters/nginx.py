@@ -317,11 +317,10 @@ class NginxAdapter:
         if self._log_timer is None:
             self._log_timer = AccessLogTimer(*self.log_listen, self.upstream, parse_nginx_log_line, lb="Nginx")
             self._dip_at = dips_by_address(self.servers)
-        taken = self._log_timer.poll()
-        if taken is None:
+        timed = self._log_timer.poll(self._dip_at.get)
+        if timed is None:
             self.last_error = self._log_timer.error
-            return None
-        return {self._dip_at[address]: timed for address, timed in taken.items() if address in self._dip_at}
+        return timed
 
     def close(self) -> None:
         """Stop receiving Nginx's access log (nothing else is held between calls)."""

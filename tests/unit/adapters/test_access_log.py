@@ -65,9 +65,12 @@ def test_a_port_that_cannot_be_bound_is_an_error_naming_it_and_the_next_poll_tri
         holder.bind(("127.0.0.1", 0))
         port = holder.getsockname()[1]
         timer = AccessLogTimer("127.0.0.1", port, "klb", _requests, lb="Nginx")
-        assert timer.poll() is None
+        assert timer.poll(str) is None
         assert timer.error.startswith(f"cannot receive Nginx's logs on log_listen 127.0.0.1:{port}: ")
     try:
-        assert timer.poll() == {} and timer.running
+        assert timer.poll(str) == {} and timer.running
+        timer.feed(b"klb b1 12 200")
+        timer.feed(b"klb b9 12 200")
+        assert list(timer.poll({"b1": "dip-1"}.get) or {}) == ["dip-1"]  # servers of no DIP are left out
     finally:
         timer.close()
