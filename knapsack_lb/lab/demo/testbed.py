@@ -13,7 +13,7 @@
   :class:`~knapsack_lb.lab.testbed.lb_envoy.EnvoyTestbed`, EDS from a file; both layer 7), for the
   benchmarks that compare LBs; the demo's phases need HAProxy.
 * :meth:`DemoTestbed.klb_config`: the configuration the service runner gets (one VIP whose DIPs
-  are the emulators, adapter ``haproxy`` on the demo's admin socket).
+  are the emulators, the LB's adapter: ``haproxy`` on the demo's admin socket by default).
 """
 
 from __future__ import annotations
