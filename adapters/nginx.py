@@ -208,11 +208,6 @@ class NginxSettings(AdapterSettings):
     binary: Annotated[str, BeforeValidator(pydantic_rule(_nginx_binary))] | None = Field(
         None, description="The nginx executable (default: nginx on PATH); must be named nginx."
     )
-    min_reload_interval: float = Field(
-        10.0, ge=0, le=3600, description="Fewest seconds between two reloads for new weights (0: none). Each "
-        "reload closes the old workers' keep-alive connections; plans that come sooner wait, newer ones "
-        "replacing them, but a plan that takes a DIP out (failed, drained, removed) goes at once."
-    )
     log_listen: Address | None = Field(
         None, description="host:port (UDP) where klb receives Nginx's access log (the 'knapsack_lb' log_format "
         "of docs/adapters.md and 'access_log syslog:server=<host:port>,nohostname knapsack_lb'): the client "
@@ -242,7 +237,6 @@ class NginxAdapter:
     reload_timeout: float = 10.0
     binary: str = ""
     log_listen: tuple[str, int] | None = None
-    min_apply_interval: float = 10.0  # settings.min_reload_interval: read by the control loop
     last_error: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _log_timer: AccessLogTimer | None = field(default=None, init=False, repr=False)
@@ -265,7 +259,6 @@ class NginxAdapter:
             prefix=path(s.prefix), error_log=path(s.error_log), pid_file=path(s.pid_file), method=s.method,
             keepalive=s.keepalive, resolution=s.resolution, reload_timeout=s.reload_timeout, binary=s.binary or "",
             log_listen=parse_address("log_listen", s.log_listen) if s.log_listen else None,
-            min_apply_interval=s.min_reload_interval,
         )
 
     # --- protocol -----------------------------------------------------------------------------

@@ -114,8 +114,6 @@ class Sink(Protocol):
     # optional: ``async def traffic(self) -> Traffic | None`` - what the LB counted per DIP so far
     # optional: ``async def timings(self) -> Mapping[str, TimedRequests] | None`` - the client requests
     # the LB timed per DIP since it was last asked (None: it times none)
-    # optional: ``min_apply_interval: float`` - seconds the LB wants between new splits (an LB that
-    # reloads for every plan costs its clients connections each time; ControlLoop holds plans meanwhile)
 
 
 READS_KEPT = 4  # counter reads a round's share may span: the newest and the three before it
@@ -245,7 +243,6 @@ class ControlLoop:
     apply_error: str = ""  # why the last apply failed ("" once one succeeds), kept with the state
     budget: dict[str, int] | None = None  # probe requests per DIP for the next round (None: uniform)
     _shares: ShareMeter = field(default_factory=ShareMeter)
-    _applied_at: float | None = None  # when a plan was last sent to the LB
 
     @property
     def vip(self) -> str:
@@ -348,10 +345,6 @@ class ControlLoop:
         ctl = self.controller
         pending = ctl.pending
         if pending is not None:
-            held = self._held(sink, pending)
-            if held:
-                outcome.skipped = held
-                return
             result = await self._apply(sink, pending)
             outcome.applied = result
             outcome.pushed = result.ok
@@ -377,25 +370,10 @@ class ControlLoop:
         if not result.ok:
             outcome.error = f"re-applying plan v{ctl.plan.version} failed: {result.reason}"
 
-    def _held(self, sink: Sink, plan: WeightPlan) -> str:
-        """Why ``plan`` waits ("" when it goes now): the LB takes a new split at most every
-        ``min_apply_interval`` seconds (Nginx reloads for each, closing its clients' keep-alive
-        connections), and the plan stays pending, replaced by any newer one, until that has passed.
-        A plan that takes a DIP out (failed, drained, removed: a weight the LB carries set to 0)
-        never waits."""
-        interval = float(getattr(sink, "min_apply_interval", 0.0))
-        if interval <= 0 or self._applied_at is None:
-            return ""
-        waited = self.clock() - self._applied_at
-        carried = self.controller.in_force
-        if waited >= interval or any(plan.weights.get(n, 0.0) <= 0 < w for n, w in carried.items()):
-            return ""
-        return f"plan v{plan.version} held: the load balancer takes a new split at most every {interval:g} s"
-
     async def _apply(self, sink: Sink, plan: WeightPlan, *, reapply: bool = False) -> ApplyResult:
         before = dict(self.controller.in_force)
         result = await sink.apply(plan)
-        at = self._applied_at = self.clock()
+        at = self.clock()
         self._log_apply(plan, result, before, reapply)
         if result.ok:
             carried = result.carried() or dict(plan.weights)
@@ -489,7 +467,6 @@ class QuantisingSink:
     carried: dict[str, float] = field(default_factory=dict)
     applied: list[tuple[WeightPlan, ApplyResult]] = field(default_factory=list)
     counters: Callable[[], Traffic | None] = lambda: None  # what the LB counted per DIP (``Sink.traffic``)
-    min_apply_interval: float = 0.0  # seconds the LB wants between new splits (``Sink.min_apply_interval``)
     timed: Callable[[], Mapping[str, TimedRequests] | None] = lambda: None  # ``Sink.timings``
 
     async def traffic(self) -> Traffic | None:

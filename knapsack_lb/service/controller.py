@@ -110,11 +110,6 @@ class AdapterSink:
         counters = getattr(self.adapter, "traffic", None)
         return await asyncio.to_thread(counters) if callable(counters) else None
 
-    @property
-    def min_apply_interval(self) -> float:
-        """Seconds the LB wants between new splits, when its adapter says (0: none)."""
-        return float(getattr(self.adapter, "min_apply_interval", 0.0))
-
     async def timings(self) -> Mapping[str, TimedRequests] | None:
         """The client requests the LB timed per DIP since it was last asked, when its adapter can say
         (``timings()`` is optional)."""

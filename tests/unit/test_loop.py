@@ -3,7 +3,6 @@ environments agree, confirmation before learning, refused applies, dry run, paus
 
 from __future__ import annotations
 
-import itertools
 import random
 from collections.abc import Mapping
 from dataclasses import replace
@@ -125,34 +124,6 @@ async def test_a_refused_apply_keeps_the_last_confirmed_weights(lb: str | None) 
     lab.now += 5.0
     outcome = await loop.tick(lab.now)
     assert outcome.pushed and ctl.confirmed_version > version  # the pending plan goes through at once
-
-
-async def test_an_lb_that_reloads_per_plan_gets_a_new_split_at_most_every_min_apply_interval() -> None:
-    """Plans that come sooner wait (the newest goes when the interval has passed); a plan that takes
-    a DIP out goes at once."""
-    lab, loop, sink = _lab_loop("nginx")
-    assert isinstance(sink, QuantisingSink)
-    sink.min_apply_interval = 12.0
-    applied: list[float] = []
-    held = 0
-    for _ in range(24):
-        lab.now += 5.0
-        outcome = await loop.tick(lab.now)
-        if outcome.applied is not None:
-            applied.append(lab.now)
-        held += "held: the load balancer takes a new split at most every 12 s" in outcome.skipped
-    assert len(applied) >= 4 and held >= 4
-    assert all(later - earlier >= 12.0 for earlier, later in itertools.pairwise(applied))
-    assert loop.controller.pending is None or lab.now - applied[-1] < 12.0  # nothing held longer than it must
-    while applied[-1] != lab.now:  # up to the next apply: the one after it may not come for 12 s
-        lab.now += 5.0
-        if (await loop.tick(lab.now)).applied is not None:
-            applied.append(lab.now)
-    lab.now += 5.0
-    out = next(iter(lab.config.dips)).name
-    lab.config = lab.config.model_copy(update={"drained": (out,)})
-    outcome = await loop.tick(lab.now)
-    assert outcome.pushed and loop.controller.in_force[out] == 0.0  # the drain did not wait
 
 
 async def test_the_controller_learns_only_confirmed_weights() -> None:

@@ -85,13 +85,6 @@ def test_from_config_defaults(tmp_path: Path) -> None:
     adapter = NginxAdapter.from_config(_settings(tmp_path))
     assert adapter.method == "round_robin" and adapter.resolution == 1000 and adapter.pid_file is None
     assert adapter.servers["b3"] == "[::1]:8083"
-    assert adapter.min_apply_interval == 10.0  # a reload per plan: the loop spaces them
-
-
-def test_the_reload_interval_is_the_operators_to_set_and_is_checked(tmp_path: Path) -> None:
-    assert NginxAdapter.from_config(_settings(tmp_path, min_reload_interval=0.0)).min_apply_interval == 0.0
-    with pytest.raises(InvalidInputError, match="min_reload_interval"):
-        NginxAdapter.from_config(_settings(tmp_path, min_reload_interval=-1.0))
 
 
 @pytest.mark.parametrize("bad", ADVERSARIAL_NAMES)
