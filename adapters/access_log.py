@@ -30,6 +30,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from knapsack_lb.model import TimedRequests
 from knapsack_lb.names import format_address, parse_address
@@ -220,3 +221,40 @@ class AccessLogTimer(TimingsReceiver):
                 return  # closed under us
             with contextlib.suppress(Exception):  # a malformed line must never end the receiver
                 self.feed(datagram)
+
+
+ReceiverT = TypeVar("ReceiverT", bound=TimingsReceiver)
+DipOf = Callable[[str], "str | None"]
+
+
+class LbTimings(Generic[ReceiverT]):
+    """An adapter's ``timings()`` and ``close()`` when its LB sends the requests it timed to
+    ``log_listen``: :meth:`_timings_receiver` builds the receiver and the server -> DIP mapping at
+    the first call (``None``: no ``log_listen``), and every call polls it by DIP; a port that cannot
+    be bound is the adapter's ``last_error``."""
+
+    last_error: str
+    _log_timer: ReceiverT | None = None
+    _timed_dip_of: DipOf
+
+    def _timings_receiver(self) -> tuple[ReceiverT, DipOf] | None:
+        raise NotImplementedError
+
+    def timings(self) -> dict[str, TimedRequests] | None:
+        """The client requests the LB timed per DIP since the last call; ``None`` without
+        ``log_listen`` or when its port cannot be bound (the reason is in ``last_error``). The
+        receiver starts at the first call, so that call has timed nothing yet."""
+        if self._log_timer is None:
+            built = self._timings_receiver()
+            if built is None:
+                return None
+            self._log_timer, self._timed_dip_of = built
+        timed = self._log_timer.poll(self._timed_dip_of)
+        if timed is None:
+            self.last_error = self._log_timer.error
+        return timed
+
+    def close(self) -> None:
+        """Stop receiving what the LB timed."""
+        if self._log_timer is not None:
+            self._log_timer.close()

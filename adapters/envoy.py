@@ -56,11 +56,11 @@ import httpx
 from google.protobuf import json_format
 from pydantic import ConfigDict, Field, model_validator
 
-from adapters.access_log import dips_by_address
+from adapters.access_log import DipOf, LbTimings, dips_by_address
 from adapters.base import AdapterSettings, ApplyResult, CheckResult, parse_settings, quantise
 from knapsack_lb.clock import Clock, SystemClock
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
-from knapsack_lb.model import DipConfig, TimedRequests, Traffic, WeightPlan
+from knapsack_lb.model import DipConfig, Traffic, WeightPlan
 from knapsack_lb.names import AbsolutePath, Address, Name, format_address, parse_address, validate_name
 
 if TYPE_CHECKING:
@@ -329,7 +329,7 @@ class EnvoySettings(AdapterSettings):
 # --- the adapter ---------------------------------------------------------------------------
 
 
-class EnvoyAdapter:
+class EnvoyAdapter(LbTimings["AlsTimer"]):
     """Pushes plans into Envoy via EDS (file or xDS). See the module docstring."""
 
     name = "envoy"
@@ -344,8 +344,6 @@ class EnvoyAdapter:
         self._listen_error = ""
         self.last_error = ""
         self._http: httpx.Client | None = None
-        self._log_timer: AlsTimer | None = None
-        self._dip_at: dict[str, str] = {}
 
     def _start_server(self) -> str:
         """Join (or start) the shared xDS server; the reason if it cannot listen (retried on
@@ -373,8 +371,7 @@ class EnvoyAdapter:
     def close(self) -> None:
         """Release the shared xDS server (stopped when its last adapter closes), the admin client and
         the access log service."""
-        if self._log_timer is not None:
-            self._log_timer.close()
+        super().close()
         if self._http is not None:
             self._http.close()
             self._http = None
@@ -510,21 +507,14 @@ class EnvoyAdapter:
             self.last_error = str(exc)
             return None
 
-    def timings(self) -> dict[str, TimedRequests] | None:
-        """The client requests Envoy timed per DIP since the last call, from its gRPC access log;
-        ``None`` without ``log_listen`` or when its port cannot be bound (the reason is in
-        ``last_error``). The service starts at the first call, so that call has timed nothing yet."""
+    def _timings_receiver(self) -> tuple[AlsTimer, DipOf] | None:
+        """Envoy's gRPC access log service on ``log_listen`` (:meth:`LbTimings.timings`), hosts by address."""
         if self.settings.log_listen is None:
             return None
-        if self._log_timer is None:
-            from adapters.envoy_als import AlsTimer  # grpc is loaded only where it is used
+        from adapters.envoy_als import AlsTimer  # grpc is loaded only where it is used
 
-            self._log_timer = AlsTimer(*parse_address("log_listen", self.settings.log_listen), self.settings.cluster)
-            self._dip_at = dips_by_address(self.settings.endpoints)
-        timed = self._log_timer.poll(self._dip_at.get)
-        if timed is None:
-            self.last_error = self._log_timer.error
-        return timed
+        receiver = AlsTimer(*parse_address("log_listen", self.settings.log_listen), self.settings.cluster)
+        return receiver, dips_by_address(self.settings.endpoints).get
 
     def _admin_clusters(self) -> Mapping[str, Any]:
         """``/clusters?format=json`` of Envoy's admin API; raises ``EnvoyAdapterError`` if it is unreachable."""

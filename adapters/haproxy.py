@@ -55,11 +55,11 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BeforeValidator, ConfigDict, Field
 
-from adapters.access_log import AccessLogTimer
+from adapters.access_log import AccessLogTimer, DipOf, LbTimings
 from adapters.base import AdapterSettings, ApplyResult, CheckResult, parse_settings
 from adapters.haproxy_log import haproxy_requests
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
-from knapsack_lb.model import TimedRequests, Traffic, WeightPlan
+from knapsack_lb.model import Traffic, WeightPlan
 from knapsack_lb.names import (
     AbsolutePath,
     Address,
@@ -236,7 +236,7 @@ class HAProxySettings(AdapterSettings):
 
 
 @dataclass
-class HAProxyAdapter:
+class HAProxyAdapter(LbTimings[AccessLogTimer]):
     """Pushes a ``WeightPlan`` into one HAProxy backend (see the module docstring and
     :class:`HAProxySettings`)."""
 
@@ -247,7 +247,6 @@ class HAProxyAdapter:
     timeout: float = 2.0
     log_listen: tuple[str, int] | None = None
     last_error: str = ""
-    _log_timer: AccessLogTimer | None = field(default=None, init=False, repr=False)
 
     name = "haproxy"
     Settings: ClassVar[type[HAProxySettings]] = HAProxySettings
@@ -349,23 +348,11 @@ class HAProxyAdapter:
             return None
         return Traffic(kind, {self.dip_of(server): count for server, count in counters.items()})
 
-    def timings(self) -> dict[str, TimedRequests] | None:
-        """The client requests HAProxy timed per DIP since the last call, from its HTTP logs; ``None``
-        without ``log_listen`` or when its port cannot be bound (the reason is in ``last_error``).
-        The receiver starts at the first call, so that call has timed nothing yet."""
+    def _timings_receiver(self) -> tuple[AccessLogTimer, DipOf] | None:
+        """HAProxy's HTTP log lines on ``log_listen`` (:meth:`LbTimings.timings`), servers by name."""
         if self.log_listen is None:
             return None
-        if self._log_timer is None:
-            self._log_timer = AccessLogTimer(*self.log_listen, self.backend, haproxy_requests, lb="HAProxy")
-        timed = self._log_timer.poll(self.dip_of)
-        if timed is None:
-            self.last_error = self._log_timer.error
-        return timed
-
-    def close(self) -> None:
-        """Stop receiving HAProxy's logs (nothing else is held between calls)."""
-        if self._log_timer is not None:
-            self._log_timer.close()
+        return AccessLogTimer(*self.log_listen, self.backend, haproxy_requests, lb="HAProxy"), self.dip_of
 
     def read_integers(self) -> dict[str, int]:
         """Runtime integer weights by DIP name (raises :class:`HAProxyError`)."""

@@ -48,11 +48,11 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field
 
-from adapters.access_log import AccessLogTimer, dips_by_address
+from adapters.access_log import AccessLogTimer, DipOf, LbTimings, dips_by_address
 from adapters.base import AdapterSettings, ApplyResult, CheckResult, parse_settings, quantise
 from adapters.nginx_log import parse_nginx_log_line
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
-from knapsack_lb.model import DipConfig, TimedRequests, WeightPlan
+from knapsack_lb.model import DipConfig, WeightPlan
 from knapsack_lb.names import (
     AbsolutePath,
     Address,
@@ -220,7 +220,7 @@ class NginxSettings(AdapterSettings):
 
 
 @dataclass
-class NginxAdapter:
+class NginxAdapter(LbTimings[AccessLogTimer]):
     """Pushes a ``WeightPlan`` into one Nginx ``upstream`` (see the module docstring and
     :class:`NginxSettings`)."""
 
@@ -239,8 +239,6 @@ class NginxAdapter:
     log_listen: tuple[str, int] | None = None
     last_error: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _log_timer: AccessLogTimer | None = field(default=None, init=False, repr=False)
-    _dip_at: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
     name = "nginx"
     Settings: ClassVar[type[NginxSettings]] = NginxSettings
@@ -306,26 +304,14 @@ class NginxAdapter:
         total = sum(weights.values())
         return {dip: (w / total if total else 0.0) for dip, w in weights.items()}
 
-    def timings(self) -> dict[str, TimedRequests] | None:
-        """The client requests Nginx timed per DIP since the last call, from its access log; ``None``
-        without ``log_listen`` or when its port cannot be bound (the reason is in ``last_error``).
-        The receiver starts at the first call, so that call has timed nothing yet. Nginx names a
-        server by the address it connected to: a DIP whose address is a hostname is matched by the
-        addresses it resolves to when the receiver starts."""
+    def _timings_receiver(self) -> tuple[AccessLogTimer, DipOf] | None:
+        """Nginx's access log on ``log_listen`` (:meth:`LbTimings.timings`). Nginx names a server by
+        the address it connected to: a DIP whose address is a hostname is matched by the addresses
+        it resolves to when the receiver starts."""
         if self.log_listen is None:
             return None
-        if self._log_timer is None:
-            self._log_timer = AccessLogTimer(*self.log_listen, self.upstream, parse_nginx_log_line, lb="Nginx")
-            self._dip_at = dips_by_address(self.servers)
-        timed = self._log_timer.poll(self._dip_at.get)
-        if timed is None:
-            self.last_error = self._log_timer.error
-        return timed
-
-    def close(self) -> None:
-        """Stop receiving Nginx's access log (nothing else is held between calls)."""
-        if self._log_timer is not None:
-            self._log_timer.close()
+        receiver = AccessLogTimer(*self.log_listen, self.upstream, parse_nginx_log_line, lb="Nginx")
+        return receiver, dips_by_address(self.servers).get
 
     def check(self) -> CheckResult:
         try:
