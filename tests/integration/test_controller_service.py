@@ -322,14 +322,12 @@ async def test_the_live_loop_pools_the_requests_the_lb_timed_into_the_rounds(
     syslog, Envoy's gRPC access log): every client request it timed between two ticks reaches the
     controller inside its DIP's round (``lb_timed``; what the budget then does with them:
     tests/unit/test_loop.py)."""
-    import socket
-
     from knapsack_lb.lab.procs import free_port
     from knapsack_lb.lab.testbed import lb_harness
     from tests.unit.controller.loop import record_steps
 
     testbed_class = lb_harness.load_testbed_class(lb)
-    log_to = f"127.0.0.1:{free_port(kind=socket.SOCK_STREAM if lb == 'envoy' else socket.SOCK_DGRAM)}"
+    log_to = f"127.0.0.1:{free_port(kind=testbed_class.log_socket)}"
     with lb_harness.emulated_backends(LIVE_DIPS, tmp_path / "backends", service_time=0.002) as backends, \
             testbed_class(backends, tmp_path / lb, log_to=log_to) as testbed:
         model, clock, service = await _behind_lb(store, backends, testbed, "ctl-logs")

@@ -18,7 +18,6 @@ live run each (the machine's other load shows in them), so compare pairs, not si
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from knapsack_lb.lab.demo.runner import run_loadgen
 from knapsack_lb.lab.demo.settings import DemoSettings
 from knapsack_lb.lab.demo.testbed import VIP, DemoLb, DemoTestbed
 from knapsack_lb.lab.procs import free_port
+from knapsack_lb.lab.testbed.lb_harness import load_testbed_class
 from knapsack_lb.service.runner import ServiceRunner, controller_component, open_store, probe_component
 
 LOAD_SEED_OFFSET = 500  # the load generator's seed is the run's seed plus this, the same with and without logs
@@ -58,9 +58,7 @@ async def run_once(seed: int, logs: bool, seconds: float, count_after: float, wo
     from probes.worker import STATUS_COMPONENT
 
     settings = DemoSettings.quick_preset(seed=seed)
-    # HAProxy and Nginx log over UDP; Envoy streams over gRPC (TCP)
-    log_to = f"127.0.0.1:{free_port(kind=socket.SOCK_STREAM if lb == 'envoy' else socket.SOCK_DGRAM)}" if logs \
-        else None
+    log_to = f"127.0.0.1:{free_port(kind=load_testbed_class(lb).log_socket)}" if logs else None
     with DemoTestbed(settings, workdir, max_seconds=seconds + 120.0, log_to=log_to, lb=lb) as tb:
         if lb == "haproxy":
             tb.lb.reconfigure(balance="roundrobin", mode="http")

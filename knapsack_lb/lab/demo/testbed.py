@@ -51,7 +51,6 @@ class DemoTestbed:
         self.backends: dict[str, str] = {}
         self.capacity: dict[str, float] = dict(zip(settings.names, settings.capacities, strict=True))
         self._emulators: dict[str, ManagedProcess] = {}
-        self.haproxy: HAProxyTestbed | None = None
         self.front: HAProxyTestbed | NginxTestbed | EnvoyTestbed | None = None  # the LB the clients reach
 
     def __enter__(self) -> DemoTestbed:
@@ -64,8 +63,8 @@ class DemoTestbed:
             elif self.lb_kind == "envoy":
                 self.front = EnvoyTestbed(self.backends, self.workdir / "envoy", log_to=self.log_to)
             else:
-                self.front = self.haproxy = HAProxyTestbed(self.backends, self.workdir / "haproxy",
-                                                           balance="roundrobin", mode="tcp", log_to=self.log_to)
+                self.front = HAProxyTestbed(self.backends, self.workdir / "haproxy", balance="roundrobin",
+                                            mode="tcp", log_to=self.log_to)
             self.front.__enter__()
         except BaseException:
             self.__exit__(None, None, None)
@@ -76,7 +75,7 @@ class DemoTestbed:
                  tb: TracebackType | None) -> None:
         if self.front is not None:
             self.front.__exit__(None, None, None)
-            self.front = self.haproxy = None
+            self.front = None
         for proc in self._emulators.values():
             proc.stop()
         self._emulators.clear()
@@ -126,8 +125,8 @@ class DemoTestbed:
 
     @property
     def lb(self) -> HAProxyTestbed:
-        assert self.haproxy is not None, "testbed not started, or not in front of HAProxy"
-        return self.haproxy
+        assert isinstance(self.front, HAProxyTestbed), "testbed not started, or not in front of HAProxy"
+        return self.front
 
     def switch(self, balance: str, mode: Literal["http", "tcp"]) -> None:
         """Rewrite HAProxy's config for a phase and reload it (runtime weights kept via the state file)."""

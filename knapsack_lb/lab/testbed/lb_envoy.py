@@ -22,6 +22,7 @@ listener does not accept connections, or the cluster has no hosts, within ``star
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -161,6 +162,7 @@ class EnvoyTestbed:
 
     lb_name = "envoy"
     adapter_name = "envoy"
+    log_socket = socket.SOCK_STREAM  # ``log_to``: Envoy streams its access log over gRPC (TCP)
     retries = 0
     mode = "file"
 

@@ -32,6 +32,7 @@ class HAProxyTestbed:
 
     lb_name = "haproxy"
     adapter_name = "haproxy"
+    log_socket = socket.SOCK_DGRAM  # ``log_to``: HAProxy logs over syslog (UDP)
     retries = 0  # HAProxy must not fail a single request while weights change
 
     def __init__(

@@ -13,6 +13,7 @@ keep-alive connections of old workers on every reload).
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -32,6 +33,7 @@ class NginxTestbed:
 
     lb_name = "nginx"
     adapter_name = "nginx"
+    log_socket = socket.SOCK_DGRAM  # ``log_to``: Nginx logs over syslog (UDP)
     retries = 2  # a reload closes keep-alive connections of old workers: retry idempotent GETs
 
     def __init__(
