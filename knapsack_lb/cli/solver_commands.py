@@ -48,13 +48,14 @@ def solve_command(
         sys.stdout.write(json.dumps(solution_to_dict(solution), indent=2) + "\n")
         return
     console = Console()
-    table = Table(title=f"{solution.objective_kind} objective {solution.objective:.6g} by {solution.method} "
-                        f"in {solution.seconds * 1000:.1f} ms")
+    table = Table()  # the summary goes on its own line: a title would wrap at the table's width
     table.add_column("DIP")
     table.add_column("weight", justify="right")
     table.add_column("predicted latency (ms)", justify="right")
     for name, weight in solution.weights.items():
         table.add_row(name, f"{weight:.6f}", f"{solution.predicted_latency[name] * 1000:.3f}")
+    console.print(f"{solution.objective_kind} objective {solution.objective:.6g} by {solution.method} "
+                  f"in {solution.seconds * 1000:.1f} ms", highlight=False)
     console.print(table)
     console.print(solution.note, highlight=False)
 

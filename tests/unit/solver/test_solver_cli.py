@@ -30,6 +30,13 @@ def test_solve_table_and_objective_override() -> None:
     assert "max objective" in result.stdout and "ds1-a" in result.stdout
 
 
+def test_solve_prints_its_summary_on_one_line_whatever_the_table_width() -> None:
+    result = CliRunner().invoke(app, ["solve", str(EXAMPLE)])
+    assert result.exit_code == 0, result.output
+    summary = next(line for line in result.stdout.splitlines() if "mean objective" in line)
+    assert summary.rstrip().endswith(" ms") and "by exact-greedy" in summary, summary
+
+
 def test_solve_reports_bad_input_and_infeasibility_with_exit_codes(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"dips": [{"name": "a", "curve": {"kind": "quadratic", "a": 0.001, "b": -1, "c": 0},
