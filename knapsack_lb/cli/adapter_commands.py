@@ -22,6 +22,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from adapters.base import ENTRY_POINT_GROUP
+from knapsack_lb.cli.output import stdout_console
 from knapsack_lb.lab.testbed.lb_harness import TESTBEDS, bench_lb
 
 DEFAULT_LBS = "haproxy,nginx,envoy,dns"
@@ -38,7 +39,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         table = Table("name", "class")
         for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
             table.add_row(ep.name, ep.value)
-        Console().print(table)
+        stdout_console().print(table)
 
     @bench_app.command("adapters")
     def bench_adapters(

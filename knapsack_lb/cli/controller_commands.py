@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from knapsack_lb.cli.output import stdout_console
 from knapsack_lb.errors import KnapsackLBError
 
 EXIT_INVALID = 2
@@ -101,7 +102,7 @@ def bench_controller_command(
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:
-        Console().print(summarise(result), highlight=False)
+        stdout_console().print(summarise(result), highlight=False)
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:

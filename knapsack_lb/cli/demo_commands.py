@@ -29,16 +29,13 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     ) -> None:
         """Run the live demo: HAProxy roundrobin, leastconn, KnapsackLB weights (layer 4), then HTTP leastconn
         with the learned weights; print a comparison and write OUT/report.json and OUT/demo.png."""
-        from rich.console import Console
-
+        from knapsack_lb.cli.output import stdout_console
         from knapsack_lb.errors import InvalidInputError
         from knapsack_lb.lab.demo.runner import DemoAborted, run
         from knapsack_lb.lab.demo.settings import DemoSettings
         from knapsack_lb.service.logs import configure_logging
 
-        console = Console()
-        if not console.is_terminal:  # a log or CI: no terminal width to fit, keep the table readable
-            console = Console(width=130)
+        console = stdout_console()
         configure_logging("WARNING")
         if ops:
             from knapsack_lb.lab.demo.ops import OpsSettings, run_ops

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from knapsack_lb.cli.output import stdout_console
 from knapsack_lb.errors import KnapsackLBError
 
 EXIT_INVALID = 2
@@ -74,7 +75,7 @@ def bench_fleet_command(
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
         return
-    Console().print(summary(result), highlight=False)
+    stdout_console().print(summary(result), highlight=False)
 
 
 def summary(result: dict[str, object]) -> str:

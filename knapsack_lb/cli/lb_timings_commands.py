@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from knapsack_lb.cli.output import stdout_console
+
 
 def _seeds(text: str) -> list[int]:
     try:
@@ -66,8 +68,8 @@ def bench_lb_timings_command(
         table.add_row(str(r.seed), "yes" if r.logs else "no", _ms(r.mean_ms), _ms(r.p99_ms), str(r.requests),
                       str(r.failed), str(r.probe_requests),
                       f"{r.plan_method}: " + " ".join(f"{v:.3f}" for v in r.plan.values()))
-    Console().print(table)
-    Console().print(json.dumps(result["summary"]))
+    stdout_console().print(table)
+    sys.stdout.write(json.dumps(result["summary"], allow_nan=False) + "\n")
 
 
 def _ms(value: float | None) -> str:

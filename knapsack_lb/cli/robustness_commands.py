@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from knapsack_lb.cli.output import stdout_console
+
 if TYPE_CHECKING:
     from knapsack_lb.lab.bench.robustness import PoolReport
 
@@ -53,8 +55,9 @@ def bench_robustness_command(
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2, allow_nan=False) + "\n")
         return
-    Console().print(_table(reports))
-    Console().print(_summary_table(result["summary"]))
+    out = stdout_console()
+    out.print(_table(reports))
+    out.print(_summary_table(result["summary"]))
     err.print(f"plot: {plot}")
 
 

@@ -21,6 +21,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from knapsack_lb.cli.output import stdout_console
 from knapsack_lb.config import (
     ConfigError,
     KlbConfig,
@@ -298,7 +299,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             for item in items:
                 table.add_row(item.what, item.target, "[green]ok[/green]" if item.ok else "[red]FAIL[/red]",
                               item.detail)
-            console = Console()
+            console = stdout_console()
             console.print(table)
             console.print(f"{len(failed)} problem(s)" if failed else "all checks passed")
         raise typer.Exit(1 if failed else 0)

@@ -13,11 +13,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from knapsack_lb.cli.output import stdout_console
+
 sim_app = typer.Typer(
     help="Discrete-event simulator: run scenarios, compare policies, reproduce the documents.", no_args_is_help=True
 )
 _err = Console(stderr=True)
-_out = Console()
+_out = stdout_console()
 
 
 def _progress() -> Progress:

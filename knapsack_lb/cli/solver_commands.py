@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from knapsack_lb.cli.output import stdout_console
 from knapsack_lb.errors import InfeasibleError, KnapsackLBError
 from knapsack_lb.solver.api import solve
 from knapsack_lb.solver.curves_file import load_curves, solution_to_dict
@@ -47,7 +48,7 @@ def solve_command(
     if as_json:
         sys.stdout.write(json.dumps(solution_to_dict(solution), indent=2) + "\n")
         return
-    console = Console()
+    console = stdout_console()
     table = Table()  # the summary goes on its own line: a title would wrap at the table's width
     table.add_column("DIP")
     table.add_column("weight", justify="right")
@@ -128,7 +129,7 @@ def bench_solver_command(
             "-" if row["objective"] is None else f"{row['objective']:.6g}",
             "-" if row["gap"] is None else f"{row['gap']:.2e}",
         )
-    Console().print(table)
+    stdout_console().print(table)
 
 
 def _bench_fleet(seed: int, shape: str, scale: float, vips: int, dips: int, kind: str, objective: str, units: int,
