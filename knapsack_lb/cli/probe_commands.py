@@ -1,4 +1,4 @@
-"""`klb probe` (run a probe worker, the paper's KLM) and `klb bench probes`.
+"""`klb probe` (run a probe worker, the paper's KLM), `klb bench probes` and `klb bench light-probes`.
 
 ``klb probe --redis URL --worker-id ID [--vip NAME ...]`` reads the VIP configurations
 from the latency store and probes the DIPs it leases until interrupted (or ``--duration``
@@ -156,5 +156,31 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             except ValueError as bad:
                 progress.stop()
                 typer.echo(f"klb bench probes: {bad}", err=True)
+                raise typer.Exit(2) from None
+        typer.echo(json.dumps(result, indent=None if json_output else 2))
+
+    @bench_app.command("light-probes")
+    def bench_light_probes(
+        probes: Annotated[int, typer.Option(help="Light probes per case.")] = 4000,
+        seed: Annotated[int, typer.Option(help="Seed of the simulated arrivals and service times.")] = 1,
+        json_output: Annotated[bool, typer.Option("--json", help="One-line JSON (default: indented JSON).")] = False,
+    ) -> None:
+        """What light probes of fixed work tell of a DIP's capacity, against rounds of the application's
+        requests: one simulated DIP per case (1, 4, 16 workers; 50, 70, 85 %; FCFS and processor
+        sharing; exponential, lognormal, fixed service). Prints JSON."""
+        from rich.console import Console
+        from rich.progress import Progress
+
+        from knapsack_lb.lab.bench.light_probes import default_cases, run_light_probes
+
+        cases = default_cases()
+        with Progress(console=Console(stderr=True), transient=True) as progress:
+            task = progress.add_task("light probes", total=len(cases))
+            try:
+                result = run_light_probes(cases, probes=probes, seed=seed,
+                                          on_case=lambda _case: progress.advance(task))
+            except InvalidInputError as bad:
+                progress.stop()
+                typer.echo(f"klb bench light-probes: {bad}", err=True)
                 raise typer.Exit(2) from None
         typer.echo(json.dumps(result, indent=None if json_output else 2))

@@ -1,0 +1,127 @@
+"""A DIP's capacity from the share of light probes that waited.
+
+Rounds of the application's requests (KnapsackLB (NSDI), section 5, "KLM": the admins' URL,
+averaged over the round) say little about a DIP with many workers until it is nearly full: at 70 %
+of its capacity a 16-worker DIP answers 2.7 % slower than idle, thousands of probes' worth of
+noise, and its latency rises 5x only at 98.5 % busy (docs/decisions/controller.md, "What a round
+can tell of a many-worker DIP's capacity"). The share of requests that *wait* moves early: 13 % at
+70 % on 16 workers. A light probe of fixed, tiny work shows it one request at a time: behind a
+worker pool it waits exactly when every worker is busy, under processor sharing it is stretched
+exactly when more requests than cores are in service, and any time above its own unloaded
+latency is queueing, never a long request of its own.
+
+The model. A DIP of ``c`` workers, each serving the application's requests in ``S`` seconds on
+average, carrying ``rate`` requests/s, has ``a = rate x S`` erlangs offered; an arrival finds every
+worker busy with probability ``C(c, a)``, Erlang's C formula, which is exact for M/M/c and, by the
+insensitivity of processor sharing, for any service distribution under processor sharing over
+``c`` cores (with FCFS and less variable service, fewer arrivals wait: M/D/c about 5 % fewer).
+:func:`erlang_c` takes a real ``c`` (Jagerman's continuous extension of Erlang B through the
+incomplete gamma function), so :func:`servers_from_waited_share` inverts it: the number of workers
+the DIP behaves as, and its capacity ``c / S`` requests/s. A binomial confidence interval of the
+waited share (Wilson's) maps through the inversion, which is decreasing (more waiting, fewer
+workers), to bounds on the capacity.
+
+How it fails: the estimate is a statement about the DIP at the rate it carried while probed; with
+no probe waited it bounds the capacity from below only, with every probe waited it cannot exclude
+a DIP past its capacity (no lower bound; the estimate is then the rate it carried). ``S`` is the
+unloaded service time of the application's requests: an error in it moves the capacity far less
+than itself, because the waited share fixes mostly ``rate x S / c`` (a 10 % error in ``S``: 1.5-3 %
+in the capacity). Bad input raises :class:`~knapsack_lb.errors.InvalidInputError` naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scipy.optimize import brentq
+from scipy.special import gammaincc, gammaln
+
+from knapsack_lb.errors import InvalidInputError
+
+
+def erlang_c(servers: float, offered: float) -> float:
+    """Probability that an arrival waits with ``servers`` (any real > 0) and ``offered`` erlangs;
+    1 at or beyond saturation (``offered >= servers``), 0 with nothing offered."""
+    if offered <= 0:
+        return 0.0
+    if offered >= servers:
+        return 1.0
+    # Erlang B = a^c e^-a / Gamma(c + 1, a), in logs: the terms overflow separately for large c
+    upper_tail = gammaincc(servers + 1, offered)
+    if upper_tail <= 0:
+        return 0.0
+    blocking = math.exp(servers * math.log(offered) - offered - gammaln(servers + 1)) / upper_tail
+    return float(servers * blocking / (servers - offered * (1 - blocking)))
+
+
+def servers_from_waited_share(waited: float, offered: float) -> float:
+    """The (real) number of workers at which ``erlang_c`` gives ``waited`` for ``offered`` erlangs;
+    ``waited`` strictly between 0 and 1, ``offered`` > 0."""
+    if not 0 < waited < 1:
+        raise InvalidInputError("waited", waited, "must be a share strictly between 0 and 1")
+    if not math.isfinite(offered) or offered <= 0:
+        raise InvalidInputError("offered", offered, "must be erlangs > 0")
+    low = offered
+    high = offered + 1.0
+    while erlang_c(high, offered) > waited:
+        low, high = high, offered + 2 * (high - offered)
+    return float(brentq(lambda servers: erlang_c(servers, offered) - waited, low, high, xtol=1e-12, rtol=1e-12))
+
+
+@dataclass(frozen=True)
+class WaitedCapacity:
+    """A DIP's capacity (requests/s) read from ``waited`` of ``probes`` light probes.
+
+    ``capacity``: the best estimate (``None``: no probe waited, any capacity above ``low`` fits);
+    ``low`` / ``high``: the confidence bounds (``None``: unbounded that side; ``low`` is ``None``
+    when every probe waited, the DIP may be past its capacity); ``servers``: the workers it behaves
+    as (``None`` with ``capacity``)."""
+
+    waited: int
+    probes: int
+    rate: float
+    capacity: float | None
+    low: float | None
+    high: float | None
+    servers: float | None
+
+
+def _wilson(waited: int, probes: int, z: float) -> tuple[float, float]:
+    share = waited / probes
+    spread = z * z / probes
+    centre = (share + spread / 2) / (1 + spread)
+    half = z / (1 + spread) * math.sqrt(share * (1 - share) / probes + spread / (4 * probes))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def capacity_from_waited_share(waited: int, probes: int, *, rate: float, unloaded: float,
+                               z: float = 2.0) -> WaitedCapacity:
+    """Capacity of a DIP that carried ``rate`` requests/s while ``waited`` of ``probes`` light probes
+    waited, its application requests taking ``unloaded`` seconds of service; bounds at ``z``
+    standard errors (Wilson's interval of the share, mapped through Erlang's formula)."""
+    if not isinstance(probes, int) or probes < 1:
+        raise InvalidInputError("probes", probes, "must be an integer >= 1")
+    if not isinstance(waited, int) or not 0 <= waited <= probes:
+        raise InvalidInputError("waited", waited, f"must be an integer from 0 to probes ({probes})")
+    if not math.isfinite(rate) or rate <= 0:
+        raise InvalidInputError("rate", rate, "must be requests/s > 0")
+    if not math.isfinite(unloaded) or unloaded <= 0:
+        raise InvalidInputError("unloaded", unloaded, "must be seconds > 0")
+    if not math.isfinite(z) or z <= 0:
+        raise InvalidInputError("z", z, "must be a number of standard errors > 0")
+    offered = rate * unloaded
+    share_low, share_high = _wilson(waited, probes, z)
+
+    def capacity_at(share: float) -> float | None:
+        if share <= 0:
+            return None
+        if share >= 1:
+            return rate
+        return servers_from_waited_share(share, offered) / unloaded
+
+    servers = None if waited in (0, probes) else servers_from_waited_share(waited / probes, offered)
+    best = rate if waited == probes else (None if servers is None else servers / unloaded)
+    return WaitedCapacity(waited=waited, probes=probes, rate=rate, capacity=best,
+                          low=None if share_high >= 1 else capacity_at(share_high),
+                          high=capacity_at(share_low), servers=offered if waited == probes else servers)

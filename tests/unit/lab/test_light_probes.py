@@ -1,0 +1,61 @@
+"""Light probes on the simulator's own DIP: the waited share is Erlang's, and it reads the capacity."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from knapsack_lb.cli.main import app
+from knapsack_lb.controller.waiting import erlang_c
+from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.lab.bench.light_probes import LightProbeCase, capacity_stderr, run_case
+
+
+@pytest.mark.parametrize("case", [LightProbeCase(4, 0.7, "ps", "lognormal"),
+                                  LightProbeCase(16, 0.7, "fcfs", "exponential")])
+def test_the_share_of_light_probes_that_waited_is_erlangs_and_reads_the_capacity(case: LightProbeCase) -> None:
+    result = run_case(case, probes=800, seed=3)
+    expected = erlang_c(case.workers, case.workers * case.utilisation)
+    stderr = math.sqrt(expected * (1 - expected) / result.probes)
+    assert result.probes == 800
+    assert abs(result.waited_share - expected) < 4 * stderr
+    assert result.capacity_over_truth is not None
+    assert 0.9 < result.capacity_over_truth < 1.1
+    assert result.mean_over_unloaded == pytest.approx(result.mmc_mean_over_unloaded, rel=0.1)
+
+
+def test_the_waited_share_knows_a_many_worker_dip_and_the_mean_latency_a_single_worker_one() -> None:
+    by_waits, by_mean = capacity_stderr(16, 0.7, 50)
+    assert by_waits < 0.05 < 0.4 < by_mean  # 16 workers at 70 %: 2.7 % slower than idle, 13 % wait
+    by_waits, by_mean = capacity_stderr(1, 0.85, 50)
+    assert by_mean < by_waits  # one worker at 85 %: 6.7x slower than idle
+
+
+def test_the_same_seed_gives_the_same_run() -> None:
+    case = LightProbeCase(4, 0.5, "fcfs", "fixed")
+    assert run_case(case, probes=200, seed=5) == run_case(case, probes=200, seed=5)
+
+
+@pytest.mark.parametrize(("case", "probes", "field"), [
+    (LightProbeCase(4, 1.0, "ps", "fixed"), 10, "utilisation"),
+    (LightProbeCase(0, 0.5, "ps", "fixed"), 10, "workers"),
+    (LightProbeCase(4, 0.5, "ps", "fixed"), 0, "probes"),
+])
+def test_bad_input_names_the_field(case: LightProbeCase, probes: int, field: str) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        run_case(case, probes=probes)
+    assert info.value.field == field
+
+
+def test_the_command_prints_every_case_as_json_and_refuses_bad_input() -> None:
+    runner = CliRunner()
+    bad = runner.invoke(app, ["bench", "light-probes", "--probes", "0"])
+    assert bad.exit_code == 2 and "'probes'" in bad.output
+    ok = runner.invoke(app, ["bench", "light-probes", "--probes", "20", "--json"])
+    assert ok.exit_code == 0, ok.output
+    report = json.loads(ok.output.strip().splitlines()[-1])
+    assert report["benchmark"] == "light-probes" and len(report["cases"]) == 54
+    assert {"waited_share", "erlang_c", "capacity_over_truth", "capacity_stderr"} <= set(report["cases"][0])
