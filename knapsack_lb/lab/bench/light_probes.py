@@ -18,10 +18,10 @@ fixed work arrives; it *waited* when it took longer than its own work. Per case 
   unloaded latency known exactly (M/M/c's mean and variance of the sojourn, the derivative taken
   over a real number of workers). The second is the signal KnapsackLB's rounds carry.
 
-How it fails: one seeded run per case; the light probes add ``LIGHT_WORK / PROBE_SPACING`` of a
-worker's load (0.2 %), which the truth counts. A real probe also waits for the network: its
-unloaded latency must be known to well under the wait it is to see, which this bench does not
-model (no network). Bad arguments raise :class:`~knapsack_lb.errors.InvalidInputError`.
+How it fails: one seeded run per case; the light probes add ``LIGHT_WORK / PROBE_SPACING`` of one
+worker's load (0.2 %), which the true capacity leaves out. A real probe also waits for the
+network: its unloaded latency must be known to well under the wait it is to see, which this bench
+does not model (no network). Bad arguments raise :class:`~knapsack_lb.errors.InvalidInputError`.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def run_case(case: LightProbeCase, *, probes: int = 4000, seed: int = 1) -> Ligh
     else:
         raise RuntimeError(f"{case}: {probes - len(light)} light probes unanswered")
     waited = sum(1 for t in light if t > LIGHT_WORK * (1 + 1e-9))
-    truth = case.workers + LIGHT_WORK / PROBE_SPACING  # capacity in requests per unit, probes carried
+    truth = float(case.workers)  # requests per unit of time (the probes take 0.2 % of one worker)
     estimate = capacity_from_waited_share(waited, len(light), rate=rate, unloaded=1.0)
 
     def over_truth(value: float | None) -> float | None:
