@@ -59,6 +59,8 @@ class LightProbeCase:
 
 @dataclass(frozen=True)
 class LightProbeResult:
+    """What one case measured (ratios over the truth; ``None`` where the estimate is unbounded)."""
+
     case: LightProbeCase
     probes: int
     waited: int
