@@ -120,8 +120,7 @@ def capacity_from_waited_share(waited: int, probes: int, *, rate: float, unloade
             return rate
         return servers_from_waited_share(share, offered) / unloaded
 
-    servers = None if waited in (0, probes) else servers_from_waited_share(waited / probes, offered)
-    best = rate if waited == probes else (None if servers is None else servers / unloaded)
+    best = capacity_at(waited / probes)
     return WaitedCapacity(waited=waited, probes=probes, rate=rate, capacity=best,
                           low=None if share_high >= 1 else capacity_at(share_high),
-                          high=capacity_at(share_low), servers=offered if waited == probes else servers)
+                          high=capacity_at(share_low), servers=None if best is None else best * unloaded)
