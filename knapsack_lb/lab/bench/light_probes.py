@@ -12,6 +12,12 @@ fixed work arrives; it *waited* when it took longer than its own work. Per case 
 * the capacity read from that share (:func:`knapsack_lb.controller.waiting.capacity_from_waited_share`,
   with the carried rate and the mean service as inputs) over the true capacity, with its bounds at
   two standard errors;
+* the utilisation read without the rate, from the waited share and the mean excess of the probes
+  that waited (:func:`knapsack_lb.controller.waiting.load_from_light_probes`; the excess in units of
+  the probe's own work under processor sharing, of the mean service behind FCFS workers), as the
+  capacity it implies (the carried rate over it) over the true capacity, with its bounds;
+* both estimates again from each block of ``BLOCK`` consecutive probes (a round's worth): how many
+  blocks give one (no wait, no estimate) and the median and 90th percentile of their error;
 * the mean latency of the application's requests over the unloaded one, against M/M/c's;
 * the relative standard error of the capacity read from ``n`` probes, both ways: from the waited
   share of ``n`` light probes, and from the mean latency of ``n`` application probes with the
@@ -32,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from knapsack_lb.controller.waiting import capacity_from_waited_share, erlang_c
+from knapsack_lb.controller.waiting import capacity_from_waited_share, erlang_c, load_from_light_probes
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.sim.engine import Engine
 from knapsack_lb.sim.server import Answer, Job, SimDip
@@ -43,6 +49,7 @@ LIGHT_WORK = 0.01  # a light probe's work, in units of the application's mean se
 PROBE_SPACING = 5.0  # mean time between light probes, in the same units
 WARMUP = 200.0  # units of time before the first probe
 PRECISION_PROBES = (20, 50, 100)
+BLOCK = 50  # consecutive probes per block (a round's worth)
 Discipline = Literal["fcfs", "ps"]
 Service = Literal["exponential", "lognormal", "fixed"]
 
@@ -69,6 +76,14 @@ class LightProbeResult:
     capacity_over_truth: float | None  # the estimate from the waited share / the true capacity
     low_over_truth: float | None
     high_over_truth: float | None
+    # the utilisation read from the waits alone, as a capacity (carried rate / utilisation) over the truth
+    rate_free_over_truth: float | None
+    rate_free_low_over_truth: float | None  # from the utilisation's upper bound
+    rate_free_high_over_truth: float | None  # from its lower bound (None: unbounded)
+    blocks: int
+    blocks_estimated: int  # blocks in which some probe waited (and not every one)
+    # |estimate / truth - 1| over those blocks, median and 90th percentile: (with the rate, without it)
+    block_error: dict[str, tuple[float, float] | None]
     mean_over_unloaded: float  # the application's requests, measured
     mmc_mean_over_unloaded: float
     # probes -> relative standard error of the capacity: (from the waited share, from the mean latency)
@@ -147,17 +162,47 @@ def run_case(case: LightProbeCase, *, probes: int = 4000, seed: int = 1) -> Ligh
             break
     else:
         raise RuntimeError(f"{case}: {probes - len(light)} light probes unanswered")
-    waited = sum(1 for t in light if t > LIGHT_WORK * (1 + 1e-9))
+    # a wait's length in units of the mean service behind workers, of the probe's own work under sharing
+    unit = LIGHT_WORK if case.discipline == "ps" else 1.0
+    excess = [(t - LIGHT_WORK) / unit if t > LIGHT_WORK * (1 + 1e-9) else 0.0 for t in light]
+    waited = sum(1 for e in excess if e > 0)
     truth = float(case.workers)  # requests per unit of time (the probes take 0.2 % of one worker)
     estimate = capacity_from_waited_share(waited, len(light), rate=rate, unloaded=1.0)
+    load = load_from_light_probes(waited, len(light), sum(excess))
 
     def over_truth(value: float | None) -> float | None:
         return None if value is None else value / truth
+
+    def from_utilisation(value: float | None) -> float | None:
+        return None if not value else case.utilisation / value
+
+    with_rate: list[float] = []
+    without_rate: list[float] = []
+    for start in range(0, len(excess) - BLOCK + 1, BLOCK):
+        block = excess[start:start + BLOCK]
+        block_waited = sum(1 for e in block if e > 0)
+        if 0 < block_waited < BLOCK:
+            # with some but not every probe waited, both estimates exist
+            read = capacity_from_waited_share(block_waited, BLOCK, rate=rate, unloaded=1.0).capacity
+            utilisation = load_from_light_probes(block_waited, BLOCK, sum(block)).utilisation
+            assert read is not None and utilisation is not None
+            with_rate.append(abs(read / truth - 1))
+            without_rate.append(abs(case.utilisation / utilisation - 1))
+
+    def spread(errors: list[float]) -> tuple[float, float] | None:
+        if not errors:
+            return None
+        ranked = sorted(errors)
+        return ranked[len(ranked) // 2], ranked[min(len(ranked) - 1, int(0.9 * len(ranked)))]
 
     return LightProbeResult(
         case=case, probes=len(light), waited=waited, waited_share=waited / len(light),
         erlang_c=erlang_c(case.workers, rate), capacity_over_truth=over_truth(estimate.capacity),
         low_over_truth=over_truth(estimate.low), high_over_truth=over_truth(estimate.high),
+        rate_free_over_truth=from_utilisation(load.utilisation), rate_free_low_over_truth=from_utilisation(load.high),
+        rate_free_high_over_truth=from_utilisation(load.low), blocks=len(light) // BLOCK,
+        blocks_estimated=len(with_rate),
+        block_error={"with_rate": spread(with_rate), "without_rate": spread(without_rate)},
         mean_over_unloaded=sum(served) / len(served),
         mmc_mean_over_unloaded=_sojourn_moments(case.workers, rate)[0],
         capacity_stderr={n: capacity_stderr(case.workers, case.utilisation, n) for n in PRECISION_PROBES})

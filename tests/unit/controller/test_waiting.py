@@ -6,7 +6,13 @@ import math
 
 import pytest
 
-from knapsack_lb.controller.waiting import capacity_from_waited_share, erlang_c, servers_from_waited_share
+from knapsack_lb.controller.waiting import (
+    capacity_from_waited_share,
+    erlang_c,
+    load_from_light_probes,
+    servers_from_spare,
+    servers_from_waited_share,
+)
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.solver.oracle import erlang_c as erlang_c_integer
 
@@ -86,4 +92,77 @@ def test_every_probe_waited_leaves_no_lower_bound_the_dip_may_be_past_its_capaci
 def test_bad_input_names_the_field_and_the_value(kwargs: dict[str, float], field: str) -> None:
     with pytest.raises(InvalidInputError) as info:
         capacity_from_waited_share(**kwargs)  # type: ignore[arg-type]
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize("servers", [1.0, 2.5, 4.0, 16.0, 40.0])
+@pytest.mark.parametrize("utilisation", [0.3, 0.7, 0.9])
+def test_servers_from_the_spare_workers_inverts_erlang_c(servers: float, utilisation: float) -> None:
+    spare = servers * (1 - utilisation)
+    assert servers_from_spare(erlang_c(servers, servers - spare), spare) == pytest.approx(servers, rel=1e-6)
+
+
+def _exact_probes(servers: int, utilisation: float, probes: int) -> tuple[int, float]:
+    """M/M/c's expected light-probe statistics: how many wait, and their summed excess (each a wait
+    of mean 1 / (c - a) in units of the mean service)."""
+    offered = servers * utilisation
+    waited = round(erlang_c(servers, offered) * probes)
+    return waited, waited / (servers - offered)
+
+
+def test_a_single_worker_at_70_percent_from_its_waits_alone() -> None:
+    # M/M/1: 70 % of probes wait, each for 1 / (1 - 0.7) = 3.33 mean services
+    load = load_from_light_probes(700, 1000, 700 / 0.3)
+    assert load.utilisation == pytest.approx(0.7, rel=1e-6)
+    assert load.servers == pytest.approx(1.0, rel=1e-6)
+    assert load.spare == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize(("servers", "utilisation"), [(4, 0.5), (4, 0.85), (16, 0.7), (16, 0.85)])
+def test_the_utilisation_and_the_workers_of_an_mmc_dip_from_its_waits_without_its_rate(
+        servers: int, utilisation: float) -> None:
+    waited, excess = _exact_probes(servers, utilisation, 100_000)
+    load = load_from_light_probes(waited, 100_000, excess)
+    assert load.utilisation == pytest.approx(utilisation, abs=0.002)
+    assert load.servers == pytest.approx(servers, rel=0.01)
+    assert load.high is not None and load.low < utilisation < load.high
+
+
+def test_fewer_probes_give_wider_bounds_on_the_utilisation() -> None:
+    waited, excess = _exact_probes(16, 0.7, 200)
+    few = load_from_light_probes(waited, 200, excess)
+    waited, excess = _exact_probes(16, 0.7, 5000)
+    many = load_from_light_probes(waited, 5000, excess)
+    assert few.high is not None and many.high is not None
+    assert few.low < many.low < 0.7 < many.high < few.high
+
+
+def test_no_probe_waited_says_nothing_and_every_probe_waited_leaves_the_dip_possibly_saturated() -> None:
+    idle = load_from_light_probes(0, 50, 0.0)
+    assert idle.utilisation is None and idle.spare is None and idle.high is None and idle.low == 0.0
+    full = load_from_light_probes(50, 50, 5.0)
+    assert full.utilisation is None and full.high == 1.0 and 0.0 < full.low < 1.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"waited": 3, "probes": 2, "excess": 1.0}, "waited"),
+        ({"waited": 1, "probes": 0, "excess": 1.0}, "probes"),
+        ({"waited": 1, "probes": 10, "excess": 0.0}, "excess"),
+        ({"waited": 1, "probes": 10, "excess": math.inf}, "excess"),
+        ({"waited": 1, "probes": 10, "excess": -1.0}, "excess"),
+        ({"waited": 1, "probes": 10, "excess": 1.0, "z": -2.0}, "z"),
+    ],
+)
+def test_bad_light_probe_load_input_names_the_field(kwargs: dict[str, float], field: str) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        load_from_light_probes(**kwargs)  # type: ignore[arg-type]
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize(("waited", "spare", "field"), [(0.0, 1.0, "waited"), (0.5, 0.0, "spare")])
+def test_bad_spare_input_names_the_field(waited: float, spare: float, field: str) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        servers_from_spare(waited, spare)
     assert info.value.field == field

@@ -27,6 +27,23 @@ def test_the_share_of_light_probes_that_waited_is_erlangs_and_reads_the_capacity
     assert result.mean_over_unloaded == pytest.approx(result.mmc_mean_over_unloaded, rel=0.1)
 
 
+@pytest.mark.parametrize("case", [LightProbeCase(4, 0.85, "ps", "lognormal"),
+                                  LightProbeCase(16, 0.7, "fcfs", "exponential")])
+def test_the_waits_alone_read_the_capacity_where_the_model_holds(case: LightProbeCase) -> None:
+    result = run_case(case, probes=1000, seed=3)
+    assert result.rate_free_over_truth is not None
+    assert 0.9 < result.rate_free_over_truth < 1.1
+    assert result.blocks == 20 and result.blocks_estimated == 20
+    with_rate, without_rate = result.block_error["with_rate"], result.block_error["without_rate"]
+    assert with_rate is not None and without_rate is not None
+    assert with_rate[0] <= with_rate[1] and without_rate[0] <= without_rate[1]
+
+
+def test_shorter_waits_behind_fcfs_workers_with_fixed_service_read_as_a_busier_dip() -> None:
+    result = run_case(LightProbeCase(4, 0.7, "fcfs", "fixed"), probes=1000, seed=3)
+    assert result.rate_free_over_truth is not None and result.rate_free_over_truth < 0.95
+
+
 def test_the_waited_share_knows_a_many_worker_dip_and_the_mean_latency_a_single_worker_one() -> None:
     by_waits, by_mean = capacity_stderr(16, 0.7, 50)
     assert by_waits < 0.05 < 0.4 < by_mean  # 16 workers at 70 %: 2.7 % slower than idle, 13 % wait
@@ -58,4 +75,5 @@ def test_the_command_prints_every_case_as_json_and_refuses_bad_input() -> None:
     assert ok.exit_code == 0, ok.output
     report = json.loads(ok.output.strip().splitlines()[-1])
     assert report["benchmark"] == "light-probes" and len(report["cases"]) == 54
-    assert {"waited_share", "erlang_c", "capacity_over_truth", "capacity_stderr"} <= set(report["cases"][0])
+    assert {"waited_share", "erlang_c", "capacity_over_truth", "capacity_stderr", "rate_free_over_truth",
+            "block_error"} <= set(report["cases"][0])
