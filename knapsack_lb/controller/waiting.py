@@ -186,17 +186,26 @@ def _utilisation(waited: float, spare: float) -> float:
     return 1 - spare / servers_from_spare(waited, spare)
 
 
-def load_from_light_probes(waited: int, probes: int, excess: float, *, z: float = 2.0) -> LightProbeLoad:
+def load_from_light_probes(waited: int, probes: int, excess: float, *, threshold: float = 0.0,
+                           z: float = 2.0) -> LightProbeLoad:
     """The utilisation a DIP ran at while probed, from the share of light probes that waited and the
     summed ``excess`` of those that did; bounds at ``z`` standard errors (Wilson's interval of the
     share and the chi-square interval of an exponential rate, the utilisation taken at its least and
-    greatest over that box, on a 5 x 5 grid)."""
+    greatest over that box, on a 5 x 5 grid).
+
+    ``threshold``: where the probe's own timing jitter is not negligible, a probe counts as waited
+    only when its excess passed ``threshold`` (the same unit), and ``excess`` sums what lies beyond
+    it. A wait is memoryless, so those that passed exceed it by the same mean, and the share that
+    waited at all is the counted share times ``exp(threshold x spare)`` (for processor sharing's
+    stretches, geometric in steps of ``1 / c``, approximately)."""
     if not isinstance(probes, int) or probes < 1:
         raise InvalidInputError("probes", probes, "must be an integer >= 1")
     if not isinstance(waited, int) or not 0 <= waited <= probes:
         raise InvalidInputError("waited", waited, f"must be an integer from 0 to probes ({probes})")
     if not math.isfinite(excess) or excess < 0 or (waited > 0 and excess == 0):
         raise InvalidInputError("excess", excess, "must be a finite sum > 0 over the probes that waited")
+    if not math.isfinite(threshold) or threshold < 0:
+        raise InvalidInputError("threshold", threshold, "must be a finite excess >= 0")
     if not math.isfinite(z) or z <= 0:
         raise InvalidInputError("z", z, "must be a number of standard errors > 0")
     if waited == 0:
@@ -206,11 +215,17 @@ def load_from_light_probes(waited: int, probes: int, excess: float, *, z: float 
     spare = waited / excess
     spare_low = float(chi2.ppf(tail, 2 * waited)) / (2 * excess)
     spare_high = float(chi2.ppf(1 - tail, 2 * waited)) / (2 * excess)
-    grid = [_utilisation(share_low + (share_high - share_low) * i / 4, spare_low + (spare_high - spare_low) * j / 4)
-            for i in range(5) for j in range(5)]
-    if waited == probes:
+
+    def uncensored(share: float, rate: float) -> float:
+        return min(1.0, share * math.exp(threshold * rate))
+
+    shares = [share_low + (share_high - share_low) * i / 4 for i in range(5)]
+    spares = [spare_low + (spare_high - spare_low) * j / 4 for j in range(5)]
+    grid = [_utilisation(uncensored(counted, rate), rate) for counted in shares for rate in spares]
+    share = uncensored(waited / probes, spare)
+    if share >= 1:
         return LightProbeLoad(waited=waited, probes=probes, spare=spare, servers=None, utilisation=None,
                               low=min(grid), high=1.0)
-    servers = servers_from_spare(waited / probes, spare)
+    servers = servers_from_spare(share, spare)
     return LightProbeLoad(waited=waited, probes=probes, spare=spare, servers=servers,
                           utilisation=1 - spare / servers, low=min(grid), high=max(grid))

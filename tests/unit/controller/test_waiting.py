@@ -153,6 +153,8 @@ def test_no_probe_waited_says_nothing_and_every_probe_waited_leaves_the_dip_poss
         ({"waited": 1, "probes": 10, "excess": math.inf}, "excess"),
         ({"waited": 1, "probes": 10, "excess": -1.0}, "excess"),
         ({"waited": 1, "probes": 10, "excess": 1.0, "z": -2.0}, "z"),
+        ({"waited": 1, "probes": 10, "excess": 1.0, "threshold": -0.1}, "threshold"),
+        ({"waited": 1, "probes": 10, "excess": 1.0, "threshold": math.nan}, "threshold"),
     ],
 )
 def test_bad_light_probe_load_input_names_the_field(kwargs: dict[str, float], field: str) -> None:
@@ -166,3 +168,18 @@ def test_bad_spare_input_names_the_field(waited: float, spare: float, field: str
     with pytest.raises(InvalidInputError) as info:
         servers_from_spare(waited, spare)
     assert info.value.field == field
+
+
+@pytest.mark.parametrize("threshold", [0.05, 0.2, 0.5])
+def test_waits_counted_only_past_a_jitter_threshold_read_the_same_load(threshold: float) -> None:
+    # 16 workers at 70 %: waits of mean 1 / 4.8 services; those past the threshold are fewer by
+    # exp(-threshold x 4.8) and exceed it by the same mean (a wait is memoryless)
+    servers, utilisation, probes = 16, 0.7, 100_000
+    spare = servers * (1 - utilisation)
+    counted = round(erlang_c(servers, servers - spare) * math.exp(-threshold * spare) * probes)
+    load = load_from_light_probes(counted, probes, counted / spare, threshold=threshold)
+    assert load.utilisation == pytest.approx(utilisation, abs=0.002)
+    assert load.servers == pytest.approx(servers, rel=0.01)
+    assert load.high is not None and load.low < utilisation < load.high
+    uncorrected = load_from_light_probes(counted, probes, counted / spare)
+    assert uncorrected.utilisation is not None and uncorrected.utilisation < utilisation
