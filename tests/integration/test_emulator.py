@@ -221,3 +221,29 @@ async def test_service_starts_when_the_request_reaches_the_socket_not_when_it_is
         await emulator.stop()
     assert result["elapsed"] == pytest.approx(0.05, abs=0.015)  # not 0.05 + most of the 0.03
     assert 0.05 <= result["server"] <= result["elapsed"]
+
+
+def test_a_light_probe_does_its_fixed_work_queues_behind_a_busy_worker_and_bad_work_is_refused() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with EmulatorFleet([EmulatorConfig("dip", service_time=0.1, distribution="fixed")]) as fleet:
+        address = fleet.addresses["dip"]
+        status, headers, body = _get(_conn(address), "/light?work=0.002")
+        assert status == 200 and 0.002 <= float(headers["x-server-latency"]) < 0.05
+        assert _get(_conn(address), "/light")[0] == 200  # default: 1 % of the mean, 1 ms here
+
+        def busy(_: int) -> int:
+            return _get(_conn(address), "/work")[0]
+
+        with ThreadPoolExecutor(1) as pool:
+            request = pool.submit(busy, 0)
+            time.sleep(0.03)  # the request holds the only worker for 0.1 s
+            _, headers, _ = _get(_conn(address), "/light?work=0.002")
+            assert request.result() == 200
+        assert float(headers["x-server-latency"]) >= 0.05  # it waited for the worker
+        stats = fleet.stats("dip")
+        assert stats.light_probes == 3 and stats.requests == 1 and stats.successes == 1
+        assert stats.light_work_seconds == pytest.approx(0.005)
+        for bad in ("0", "-1", "2", "nan", "x%3Bid"):
+            status, _, body = _get(_conn(address), f"/light?work={bad}")
+            assert status == 400 and b"'work'" in body

@@ -26,7 +26,9 @@ busy machine the process must also be woken on time: ``--realtime-priority`` (``
 :mod:`knapsack_lb.lab.testbed.realtime`) sees to that. What is left between a client and the
 injected time is the loopback round trip and the HTTP handling on both sides.
 
-Reserved paths: ``GET /health`` (200, no work), ``GET /stats`` (JSON counters),
+Reserved paths: ``GET /health`` (200, no work), ``GET /light?work=S`` (a light probe: ``S``
+seconds of fixed work, default 1 % of the mean, through the same service model, so it queues as a
+request would; never fails; counted apart), ``GET /stats`` (JSON counters),
 ``POST /admin/capacity?factor=F`` (noisy neighbour: service rate times ``F``),
 ``POST /admin/failure?probability=P&mode=fast|slow&delay=S``, ``POST /admin/reset``
 (zero the counters).
@@ -122,6 +124,8 @@ class EmulatorStats:
     fast_failures: int = 0
     slow_failures: int = 0
     health_checks: int = 0
+    light_probes: int = 0
+    light_work_seconds: float = 0.0
     busy_seconds: float = 0.0
     work_seconds: float = 0.0
     server_latency_sum: float = 0.0
@@ -259,6 +263,8 @@ class Emulator:
         if path.startswith("/admin/"):
             respond(*self._admin(request.method, path, query, arrived))
             return None
+        if path == "/light":
+            return self._light(query, arrived, respond)
         self._stats.requests += 1
         if self._failure_probability > 0 and self._rng.random() < self._failure_probability:
             if self._failure_mode == "slow":
@@ -278,6 +284,26 @@ class Emulator:
             stats.work_seconds += work
             stats.server_latency_sum += latency
             respond(200, self.config.body, latency)
+
+        job = self._model.submit(work, served, age=time.perf_counter() - arrived)
+        return None if job is None else (lambda: self._model.cancel(job))
+
+    def _light(self, query: str, arrived: float,
+               respond: Callable[[int, bytes, float], None]) -> Callable[[], None] | None:
+        raw = parse_qs(query).get("work", [repr(self.config.service_time / 100)])[-1]
+        try:
+            work = float(raw)
+        except ValueError:
+            work = math.nan
+        if not 0 < work <= 1.0:  # also refuses nan
+            respond(400, f"field 'work': {raw[:40]!r} must be seconds in (0, 1]\n".encode(),
+                    time.perf_counter() - arrived)
+            return None
+
+        def served() -> None:
+            self._stats.light_probes += 1
+            self._stats.light_work_seconds += work
+            respond(200, self.config.body, time.perf_counter() - arrived)
 
         job = self._model.submit(work, served, age=time.perf_counter() - arrived)
         return None if job is None else (lambda: self._model.cancel(job))
