@@ -161,24 +161,34 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
 
     @bench_app.command("light-probes")
     def bench_light_probes(
-        probes: Annotated[int, typer.Option(help="Light probes per case.")] = 4000,
-        seed: Annotated[int, typer.Option(help="Seed of the simulated arrivals and service times.")] = 1,
+        probes: Annotated[int, typer.Option(help="Light probes per case (simulated).")] = 4000,
+        seed: Annotated[int, typer.Option(help="Seed of the arrivals and service times.")] = 1,
+        live: Annotated[bool, typer.Option("--live", help="Probe real emulated DIPs over loopback instead.")] = False,
+        seconds: Annotated[float, typer.Option(help="Seconds of loaded probing per live case.")] = 30.0,
         json_output: Annotated[bool, typer.Option("--json", help="One-line JSON (default: indented JSON).")] = False,
     ) -> None:
         """What light probes of fixed work tell of a DIP's capacity, against rounds of the application's
         requests: one simulated DIP per case (1, 4, 16 workers; 50, 70, 85 %; FCFS and processor
-        sharing; exponential, lognormal, fixed service). Prints JSON."""
+        sharing; exponential, lognormal, fixed service), or with --live one emulated DIP per case
+        under an open-loop client (8 cases, about 45 s each). Prints JSON."""
         from rich.console import Console
         from rich.progress import Progress
 
         from knapsack_lb.lab.bench.light_probes import default_cases, run_light_probes
+        from knapsack_lb.lab.bench.light_probes_live import default_live_cases, run_live_light_probes
 
-        cases = default_cases()
         with Progress(console=Console(stderr=True), transient=True) as progress:
-            task = progress.add_task("light probes", total=len(cases))
             try:
-                result = run_light_probes(cases, probes=probes, seed=seed,
-                                          on_case=lambda _case: progress.advance(task))
+                if live:
+                    live_cases = default_live_cases()
+                    task = progress.add_task("live light probes", total=len(live_cases))
+                    result = run_live_light_probes(live_cases, seconds=seconds, seed=seed,
+                                                   on_case=lambda _case: progress.advance(task))
+                else:
+                    cases = default_cases()
+                    task = progress.add_task("light probes", total=len(cases))
+                    result = run_light_probes(cases, probes=probes, seed=seed,
+                                              on_case=lambda _case: progress.advance(task))
             except InvalidInputError as bad:
                 progress.stop()
                 typer.echo(f"klb bench light-probes: {bad}", err=True)
