@@ -41,9 +41,10 @@ fails: the unit is the caller's: the discipline must be known (a worker pool's w
 time long, processor sharing's stretches a probe's own work); behind FCFS workers the waits follow
 the service's spread (M/D/c's about half as long), so fixed service reads as a busier DIP (the
 capacity it implies 0.68-0.94 of the truth in ``klb bench light-probes``, the safe side) and more
-variable service as an idler one (lognormal, sigma 1: 1.02-1.28); under processor sharing it holds
+variable service as an idler one (lognormal, sigma 1: 1.02-1.09 on 4 and 16 workers); under
+processor sharing it holds
 for any service distribution (0.85-1.02, the lowest where almost no probe waits). One round is a
-few waits: from 50 probes its median error is 1.3-5 times (typically 2.4 times) that of the
+few waits: from 50 probes its median error is 1.1-5 times (typically 2.3 times) that of the
 estimate with the rate, so it is a statistic to pool over rounds at one load.
 """
 
@@ -165,13 +166,17 @@ class LightProbeLoad:
 
 def servers_from_spare(waited: float, spare: float) -> float:
     """The (real) number of workers ``c`` at which ``erlang_c(c, c - spare)`` gives ``waited``;
-    ``waited`` strictly between 0 and 1, ``spare`` > 0 (the wait grows with ``c`` at fixed spare)."""
+    ``waited`` strictly between 0 and 1, ``spare`` > 0 (the wait grows with ``c`` at fixed spare).
+    At least one worker: where one worker would wait more than ``waited`` (more waiting than spare
+    allows, a sign of jitter or of waits longer than the model's), the answer is 1."""
     if not 0 < waited < 1:
         raise InvalidInputError("waited", waited, "must be a share strictly between 0 and 1")
     if not math.isfinite(spare) or spare <= 0:
         raise InvalidInputError("spare", spare, "must be erlangs > 0")
-    low = spare
-    high = 2 * spare
+    if spare < 1 and erlang_c(1.0, 1.0 - spare) >= waited:
+        return 1.0
+    low = max(1.0, spare)
+    high = 2 * low
     while erlang_c(high, high - spare) < waited:
         low, high = high, 2 * high
     return float(brentq(lambda servers: erlang_c(servers, servers - spare) - waited, low, high,

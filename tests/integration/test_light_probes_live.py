@@ -48,3 +48,18 @@ def test_bad_live_input_names_the_field_before_starting_anything(case: LiveLight
 def test_the_command_refuses_bad_live_seconds_naming_the_field() -> None:
     result = CliRunner().invoke(app, ["bench", "light-probes", "--live", "--seconds", "0"])
     assert result.exit_code == 2 and "'seconds'" in result.output
+
+
+def test_probing_a_dip_that_never_answers_stops_by_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    import socket
+    import time
+
+    from knapsack_lb.lab.bench import light_probes_live
+
+    monkeypatch.setattr(light_probes_live, "ANSWER_GRACE", 0.5)
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        answered = asyncio.run(light_probes_live._probe_at([0.0, 0.01, 0.02], port, 2))
+        assert answered == [] and time.monotonic() - started < 3.0

@@ -183,3 +183,11 @@ def test_waits_counted_only_past_a_jitter_threshold_read_the_same_load(threshold
     assert load.high is not None and load.low < utilisation < load.high
     uncorrected = load_from_light_probes(counted, probes, counted / spare)
     assert uncorrected.utilisation is not None and uncorrected.utilisation < utilisation
+
+
+def test_waits_longer_than_any_number_of_workers_allows_read_as_one_busy_worker() -> None:
+    # 30 % waited, for 3.3 services on average: M/M/1 at 70 % would have 70 % waiting; fewer workers
+    # than one would be needed, so the read takes one worker and the waits' length (the busier read)
+    assert servers_from_spare(0.3, 0.3) == 1.0
+    load = load_from_light_probes(300, 1000, 300 / 0.3)
+    assert load.servers == 1.0 and load.utilisation == pytest.approx(0.7)
