@@ -165,6 +165,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         seed: Annotated[int, typer.Option(help="Seed of the arrivals and service times.")] = 1,
         live: Annotated[bool, typer.Option("--live", help="Probe real emulated DIPs over loopback instead.")] = False,
         seconds: Annotated[float, typer.Option(help="Seconds of loaded probing per live case.")] = 30.0,
+        light_work: Annotated[float, typer.Option(help="Seconds of fixed work per live light probe.")] = 0.001,
         json_output: Annotated[bool, typer.Option("--json", help="One-line JSON (default: indented JSON).")] = False,
     ) -> None:
         """What light probes of fixed work tell of a DIP's capacity, against rounds of the application's
@@ -180,7 +181,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         with Progress(console=Console(stderr=True), transient=True) as progress:
             try:
                 if live:
-                    live_cases = default_live_cases()
+                    live_cases = default_live_cases(light_work)
                     task = progress.add_task("live light probes", total=len(live_cases))
                     result = run_live_light_probes(live_cases, seconds=seconds, seed=seed,
                                                    on_case=lambda _case: progress.advance(task))

@@ -37,6 +37,8 @@ def test_live_light_probes_behind_busy_workers_wait_as_erlang_says_and_read_the_
     (LiveLightCase("fcfs", 4, 1.2), 5.0, "utilisation"),
     (LiveLightCase("lifo", 4, 0.5), 5.0, "mode"),  # type: ignore[arg-type]
     (LiveLightCase("ps", 4, 0.5), 0.0, "seconds"),
+    (LiveLightCase("ps", 4, 0.5, light_work=0.0), 5.0, "light_work"),
+    (LiveLightCase("ps", 4, 0.5, light_work=float("nan")), 5.0, "light_work"),
 ])
 def test_bad_live_input_names_the_field_before_starting_anything(case: LiveLightCase, seconds: float,
                                                                  field: str) -> None:

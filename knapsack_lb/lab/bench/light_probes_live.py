@@ -8,7 +8,7 @@ FCFS workers or processor sharing over ``workers`` cores, exponential service of
 punctual timers under real-time priority where allowed, as ``klb bench probes`` runs its
 instrument) on a free loopback port, and then:
 
-1. *idle*: ``IDLE_PROBES`` light probes (``GET /light?work=LIGHT_WORK``, the probe worker's own
+1. *idle*: ``IDLE_PROBES`` light probes (``GET /light?work=W``, ``light_work``, the probe worker's own
    HTTP client, :class:`probes.http_client.KeepAliveClient`, with kernel receive timestamps) with
    nothing else running: their median is the probe's unloaded latency, their 99th percentile the
    line above which a loaded probe counts as *waited* (so about 1 % of probes that did not wait
@@ -85,16 +85,18 @@ Mode = Literal["fcfs", "ps"]
 
 @dataclass(frozen=True)
 class LiveLightCase:
-    """One emulated DIP: ``workers`` at ``utilisation`` of its capacity."""
+    """One emulated DIP: ``workers`` at ``utilisation`` of its capacity, probed with ``light_work``
+    seconds of fixed work."""
 
     mode: Mode
     workers: int
     utilisation: float
+    light_work: float = LIGHT_WORK
 
 
-def default_live_cases() -> list[LiveLightCase]:
+def default_live_cases(light_work: float = LIGHT_WORK) -> list[LiveLightCase]:
     """FCFS workers and processor sharing; 4 and 16 workers; 70 and 85 %."""
-    return [LiveLightCase(m, w, u) for m in ("fcfs", "ps") for w in (4, 16) for u in (0.7, 0.85)]
+    return [LiveLightCase(m, w, u, light_work) for m in ("fcfs", "ps") for w in (4, 16) for u in (0.7, 0.85)]
 
 
 def _stats(port: int) -> dict[str, Any]:
@@ -103,10 +105,10 @@ def _stats(port: int) -> dict[str, Any]:
     return data
 
 
-async def _probe_at(times: Sequence[float], port: int, clients: int) -> list[float]:
+async def _probe_at(times: Sequence[float], port: int, clients: int, light_work: float = LIGHT_WORK) -> list[float]:
     """One light probe at each of ``times`` (seconds from now) on a pool of ``clients`` connections;
     the latencies of those answered (a probe that failed or timed out is left out)."""
-    path = f"/light?work={LIGHT_WORK!r}"
+    path = f"/light?work={light_work!r}"
     pool: asyncio.Queue[KeepAliveClient] = asyncio.Queue()
     for _ in range(clients):
         pool.put_nowait(KeepAliveClient("127.0.0.1", port, path=path, timeout=5.0))
@@ -147,6 +149,8 @@ def run_live_case(case: LiveLightCase, *, seconds: float = 30.0, seed: int = 1,
         raise InvalidInputError("workers", case.workers, "must be an integer >= 1")
     if not 0 < case.utilisation < 1:
         raise InvalidInputError("utilisation", case.utilisation, "must be a share strictly between 0 and 1")
+    if not 0 < case.light_work <= SERVICE_TIME:  # also refuses nan
+        raise InvalidInputError("light_work", case.light_work, f"must be seconds in (0, {SERVICE_TIME}]")
     if not math.isfinite(seconds) or not 1 <= seconds <= 600:
         raise InvalidInputError("seconds", seconds, "must be from 1 to 600")
     with tempfile.TemporaryDirectory(prefix="klb-light-") as scratch:
@@ -174,7 +178,7 @@ def _run(case: LiveLightCase, seconds: float, seed: int, where: Path) -> dict[st
     with emulator:
         emulator.wait_listening("127.0.0.1", port, timeout=30.0)
         idle_times = [IDLE_SPACING * i for i in range(IDLE_PROBES)]
-        idle = sorted(asyncio.run(_probe_at(idle_times, port, 1)))
+        idle = sorted(asyncio.run(_probe_at(idle_times, port, 1, case.light_work)))
         if len(idle) < IDLE_PROBES // 2:
             raise RuntimeError(f"only {len(idle)} of {IDLE_PROBES} idle light probes answered; see {where}")
         base = statistics.median(idle)
@@ -187,7 +191,7 @@ def _run(case: LiveLightCase, seconds: float, seed: int, where: Path) -> dict[st
             while at < seconds:
                 arrivals.append(at)
                 at += rng.expovariate(1 / PROBE_SPACING)
-            loaded = asyncio.run(_probe_at(arrivals, port, CLIENTS))
+            loaded = asyncio.run(_probe_at(arrivals, port, CLIENTS, case.light_work))
             after, t1 = _stats(port), time.perf_counter()
     return _report(case, seconds, base, ceiling, loaded, before, after, t1 - t0)
 
@@ -199,7 +203,7 @@ def _report(case: LiveLightCase, seconds: float, base: float, ceiling: float, lo
 
     true_utilisation = (delta("work_seconds") + delta("light_work_seconds")) / (elapsed * case.workers)
     carried = delta("successes") / elapsed
-    unit = LIGHT_WORK if case.mode == "ps" else SERVICE_TIME
+    unit = case.light_work if case.mode == "ps" else SERVICE_TIME
     excess = [(t - base) / unit for t in loaded if t > ceiling]
     waited = len(excess)
     truth_capacity = case.workers / SERVICE_TIME
@@ -217,7 +221,7 @@ def _report(case: LiveLightCase, seconds: float, base: float, ceiling: float, lo
         return None if not utilisation else true_utilisation / utilisation
 
     return {
-        "case": asdict(case), "seconds": seconds, "service_time": SERVICE_TIME, "light_work": LIGHT_WORK,
+        "case": asdict(case), "seconds": seconds, "service_time": SERVICE_TIME,
         "idle_median": base, "idle_ceiling": ceiling, "probes": len(loaded), "waited": waited,
         "waited_share": waited / len(loaded) if loaded else None,
         "erlang_c_at_true_utilisation": erlang_c(case.workers, case.workers * true_utilisation),
@@ -245,4 +249,4 @@ def run_live_light_probes(cases: Sequence[LiveLightCase] | None = None, *, secon
         if on_case is not None:
             on_case(case)
     return {"benchmark": "light-probes-live", "seed": seed, "seconds": seconds, "service_time": SERVICE_TIME,
-            "light_work": LIGHT_WORK, "cases": rows}
+            "cases": rows}
