@@ -166,6 +166,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         live: Annotated[bool, typer.Option("--live", help="Probe real emulated DIPs over loopback instead.")] = False,
         seconds: Annotated[float, typer.Option(help="Seconds of loaded probing per live case.")] = 30.0,
         light_work: Annotated[float, typer.Option(help="Seconds of fixed work per live light probe.")] = 0.001,
+        plot_path: Annotated[Path | None, typer.Option("--plot", help="PNG of the reads per case.")] = None,
         json_output: Annotated[bool, typer.Option("--json", help="One-line JSON (default: indented JSON).")] = False,
     ) -> None:
         """What light probes of fixed work tell of a DIP's capacity, against rounds of the application's
@@ -175,23 +176,24 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         from rich.console import Console
         from rich.progress import Progress
 
-        from knapsack_lb.lab.bench.light_probes import default_cases, run_light_probes
-        from knapsack_lb.lab.bench.light_probes_live import default_live_cases, run_live_light_probes
+        from knapsack_lb.lab.bench import light_probes, light_probes_live
 
         with Progress(console=Console(stderr=True), transient=True) as progress:
             try:
                 if live:
-                    live_cases = default_live_cases(light_work)
+                    live_cases = light_probes_live.default_live_cases(light_work)
                     task = progress.add_task("live light probes", total=len(live_cases))
-                    result = run_live_light_probes(live_cases, seconds=seconds, seed=seed,
-                                                   on_case=lambda _case: progress.advance(task))
+                    result = light_probes_live.run_live_light_probes(live_cases, seconds=seconds, seed=seed,
+                                                                     on_case=lambda _case: progress.advance(task))
                 else:
-                    cases = default_cases()
+                    cases = light_probes.default_cases()
                     task = progress.add_task("light probes", total=len(cases))
-                    result = run_light_probes(cases, probes=probes, seed=seed,
-                                              on_case=lambda _case: progress.advance(task))
+                    result = light_probes.run_light_probes(cases, probes=probes, seed=seed,
+                                                           on_case=lambda _case: progress.advance(task))
             except InvalidInputError as bad:
                 progress.stop()
                 typer.echo(f"klb bench light-probes: {bad}", err=True)
                 raise typer.Exit(2) from None
+        if plot_path is not None:
+            (light_probes_live if live else light_probes).plot(result, plot_path)
         typer.echo(json.dumps(result, indent=None if json_output else 2))

@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from knapsack_lb.controller.waiting import capacity_from_waited_share, erlang_c, load_from_light_probes
@@ -221,3 +222,38 @@ def run_light_probes(cases: Sequence[LightProbeCase] | None = None, *, probes: i
                                  for n, (w, m) in r.capacity_stderr.items()}} for r in results]
     return {"benchmark": "light-probes", "seed": seed, "probes": probes, "light_work": LIGHT_WORK,
             "probe_spacing": PROBE_SPACING, "cases": rows}
+
+
+def plot_reads(labels: Sequence[str], reads: Mapping[str, Sequence[float | None]], path: Path, title: str) -> Path:
+    """One marker per case and read (estimate / truth; ``None`` left out) against the truth's line,
+    the cases along the x axis; a PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.22 * len(labels) + 3), 4.5))
+    for (name, values), marker in zip(reads.items(), "osD^v", strict=False):
+        points = [(i, v) for i, v in enumerate(values) if v is not None]
+        ax.plot([i for i, _ in points], [v for _, v in points], marker, ms=4, label=name, alpha=0.8)
+    ax.axhline(1.0, color="grey", ls="--", lw=1)
+    ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
+    ax.set_ylabel("capacity read / true capacity")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot(report: dict[str, Any], path: Path) -> Path:
+    """The simulated bench's reads per case: with the carried rate, without it."""
+    cases = report["cases"]
+    labels = [f"{c['case']['workers']}w {round(100 * c['case']['utilisation'])}% {c['case']['discipline']} "
+              f"{c['case']['service'][:4]}" for c in cases]
+    reads = {"waited share, with the carried rate": [c["capacity_over_truth"] for c in cases],
+             "waits alone, without the rate": [c["rate_free_over_truth"] for c in cases]}
+    return plot_reads(labels, reads, path, f"light probes on the simulator's DIP ({report['probes']} per case)")

@@ -61,6 +61,7 @@ from typing import Any, Literal
 
 from knapsack_lb.controller.waiting import capacity_from_waited_share, erlang_c, load_from_light_probes
 from knapsack_lb.errors import InvalidInputError
+from knapsack_lb.lab.bench.light_probes import plot_reads
 from knapsack_lb.lab.bench.probes import INSTRUMENT_REALTIME_PRIORITY
 from knapsack_lb.lab.procs import ManagedProcess, free_listening_port
 from knapsack_lb.lab.testbed.queueing import PUNCTUAL_SPIN_LIMIT
@@ -250,3 +251,16 @@ def run_live_light_probes(cases: Sequence[LiveLightCase] | None = None, *, secon
             on_case(case)
     return {"benchmark": "light-probes-live", "seed": seed, "seconds": seconds, "service_time": SERVICE_TIME,
             "cases": rows}
+
+
+def plot(report: dict[str, Any], path: Path) -> Path:
+    """The live bench's reads per case: with the carried rate, without it, from the waits past the line."""
+    cases = report["cases"]
+    labels = [f"{c['case']['mode']} {c['case']['workers']}w {round(100 * c['case']['utilisation'])}% "
+              f"{c['case']['light_work'] * 1e3:g} ms" for c in cases]
+    reads = {"waited share, with the carried rate": [c["capacity_with_rate_over_truth"] for c in cases],
+             "waits alone, without the rate": [c["capacity_without_rate_over_truth"] for c in cases],
+             f"waits past {JITTER_LINE * 1e3:g} ms": [c["capacity_past_line_over_truth"] for c in cases]}
+    work = {c["case"]["light_work"] for c in cases}
+    return plot_reads(labels, reads, path, "light probes over loopback, probe work "
+                      + ", ".join(f"{w * 1e3:g} ms" for w in sorted(work)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -67,11 +68,13 @@ def test_bad_input_names_the_field(case: LightProbeCase, probes: int, field: str
     assert info.value.field == field
 
 
-def test_the_command_prints_every_case_as_json_and_refuses_bad_input() -> None:
+def test_the_command_prints_every_case_as_json_plots_them_and_refuses_bad_input(tmp_path: Path) -> None:
     runner = CliRunner()
     bad = runner.invoke(app, ["bench", "light-probes", "--probes", "0"])
     assert bad.exit_code == 2 and "'probes'" in bad.output
-    ok = runner.invoke(app, ["bench", "light-probes", "--probes", "20", "--json"])
+    picture = tmp_path / "reads.png"
+    ok = runner.invoke(app, ["bench", "light-probes", "--probes", "20", "--json", "--plot", str(picture)])
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert ok.exit_code == 0, ok.output
     report = json.loads(ok.output.strip().splitlines()[-1])
     assert report["benchmark"] == "light-probes" and len(report["cases"]) == 54
