@@ -295,8 +295,8 @@ class Emulator:
             work = float(raw)
         except ValueError:
             work = math.nan
-        if not 0 < work <= 1.0:  # also refuses nan
-            respond(400, f"field 'work': {raw[:40]!r} must be seconds in (0, 1]\n".encode(),
+        if not 0 <= work <= 1.0:  # also refuses nan
+            respond(400, f"field 'work': {raw[:40]!r} must be seconds in [0, 1]\n".encode(),
                     time.perf_counter() - arrived)
             return None
 
