@@ -46,14 +46,12 @@ probes), bounded in time: about ``seconds + 15`` seconds. Bad arguments raise
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import random
 import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -62,7 +60,7 @@ from typing import Any, Literal
 from knapsack_lb.controller.waiting import capacity_from_waited_share, erlang_c, load_from_light_probes
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.lab.bench.light_probes import plot_reads
-from knapsack_lb.lab.bench.probes import INSTRUMENT_REALTIME_PRIORITY
+from knapsack_lb.lab.bench.probes import INSTRUMENT_REALTIME_PRIORITY, emulator_stats
 from knapsack_lb.lab.procs import ManagedProcess, free_listening_port
 from knapsack_lb.lab.testbed.queueing import PUNCTUAL_SPIN_LIMIT
 from probes.http_client import KeepAliveClient, ProbeConnectionError, ProbeTimeout
@@ -98,12 +96,6 @@ class LiveLightCase:
 def default_live_cases(light_work: float = LIGHT_WORK) -> list[LiveLightCase]:
     """FCFS workers and processor sharing; 4 and 16 workers; 70 and 85 %."""
     return [LiveLightCase(m, w, u, light_work) for m in ("fcfs", "ps") for w in (4, 16) for u in (0.7, 0.85)]
-
-
-def _stats(port: int) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as response:
-        data: dict[str, Any] = json.loads(response.read())
-    return data
 
 
 async def _probe_at(times: Sequence[float], port: int, clients: int, light_work: float = LIGHT_WORK) -> list[float]:
@@ -186,14 +178,14 @@ def _run(case: LiveLightCase, seconds: float, seed: int, where: Path) -> dict[st
         ceiling = idle[min(len(idle) - 1, int(IDLE_QUANTILE * len(idle)))]
         with load:
             time.sleep(WARMUP)
-            before, t0 = _stats(port), time.perf_counter()
+            before, t0 = emulator_stats(port), time.perf_counter()
             arrivals: list[float] = []
             at = rng.expovariate(1 / PROBE_SPACING)
             while at < seconds:
                 arrivals.append(at)
                 at += rng.expovariate(1 / PROBE_SPACING)
             loaded = asyncio.run(_probe_at(arrivals, port, CLIENTS, case.light_work))
-            after, t1 = _stats(port), time.perf_counter()
+            after, t1 = emulator_stats(port), time.perf_counter()
     return _report(case, seconds, base, ceiling, loaded, before, after, t1 - t0)
 
 

@@ -111,7 +111,8 @@ def _launch_emulators(procs: list[ManagedProcess], ports: list[int], service_tim
         wait_for_port("127.0.0.1", port, timeout=30.0)
 
 
-def _emulator_stats(port: int) -> dict[str, Any]:
+def emulator_stats(port: int) -> dict[str, Any]:
+    """One emulated DIP's ``GET /stats`` counters."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as response:
         stats: dict[str, Any] = json.loads(response.read())
     return stats
@@ -140,7 +141,7 @@ async def _run_phase(url: str, namespace: str, ports: Sequence[int], service_tim
         math.fsum(m.latency_mean * m.successes for m in rounds if m.latency_mean is not None) / successes
         if successes else math.nan
     )
-    server = [_emulator_stats(p) for p in ports]
+    server = [emulator_stats(p) for p in ports]
     server_n = sum(int(s["successes"]) for s in server)
     server_mean = math.fsum(float(s["server_latency_sum"]) for s in server) / server_n if server_n else math.nan
     departures = sum(int(s["timer_spins"]) + int(s["timer_late_wakeups"]) for s in server)
