@@ -42,10 +42,9 @@ time long, processor sharing's stretches a probe's own work); behind FCFS worker
 the service's spread (M/D/c's about half as long), so fixed service reads as a busier DIP (the
 capacity it implies 0.68-0.94 of the truth in ``klb bench light-probes``, the safe side) and more
 variable service as an idler one (lognormal, sigma 1: 1.02-1.09 on 4 and 16 workers); under
-processor sharing it holds
-for any service distribution (0.85-1.02, the lowest where almost no probe waits). One round is a
-few waits: from 50 probes its median error is 1.1-5 times (typically 2.3 times) that of the
-estimate with the rate, so it is a statistic to pool over rounds at one load.
+processor sharing it holds for any service distribution (0.85-1.02, the lowest where almost no
+probe waits). One round is a few waits: from 50 probes its median error is 1.1-5 times (typically
+2.3 times) that of the estimate with the rate, so it is a statistic to pool over rounds at one load.
 """
 
 from __future__ import annotations
