@@ -633,6 +633,7 @@ def plot(reports: Sequence[PoolReport], path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     fig, (bars, cdf) = plt.subplots(1, 2, figsize=(12, 4.5))
     series = {"vs best operator baseline (steady)": [r.ratio("best") for r in reports],
@@ -650,6 +651,10 @@ def plot(reports: Sequence[PoolReport], path: Path) -> Path:
     bars.set_xlabel("pool (sorted)")
     bars.set_ylabel("KnapsackLB mean latency / other")
     cdf.set_xscale("log")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")  # ratios near 1: "1.1", not "1.1 x 10^0"
+    for axis in (bars.yaxis, cdf.xaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain)
     cdf.set_xlabel("KnapsackLB mean latency / other")
     cdf.set_ylabel("share of pools")
     cdf.legend(fontsize=8)
