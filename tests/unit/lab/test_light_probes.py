@@ -74,8 +74,8 @@ def test_the_command_prints_every_case_as_json_plots_them_and_refuses_bad_input(
     assert bad.exit_code == 2 and "'probes'" in bad.output
     picture = tmp_path / "reads.png"
     ok = runner.invoke(app, ["bench", "light-probes", "--probes", "20", "--json", "--plot", str(picture)])
-    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert ok.exit_code == 0, ok.output
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = json.loads(ok.output.strip().splitlines()[-1])
     assert report["benchmark"] == "light-probes" and len(report["cases"]) == 54
     assert {"waited_share", "erlang_c", "capacity_over_truth", "capacity_stderr", "rate_free_over_truth",
