@@ -203,6 +203,8 @@ class Measurement:
     latency_std: float | None = None  # sample standard deviation of the successes (the round's own spread)
     share: float | None = None  # the DIP's share of the VIP's requests over the round, from the LB's counters
     lb_timed: int = 0  # how many of ``sent`` are client requests the LB timed, not probes (rounds.with_lb_timings)
+    light_latencies: tuple[float, ...] = ()  # light requests that answered (ProbeSpec.light_path), s, sorted
+    light_failures: int = 0  # light requests that failed or timed out (not in light_latencies)
 
 
     def __post_init__(self) -> None:
@@ -220,6 +222,11 @@ class Measurement:
             raise InvalidInputError("share", self.share, "must be a fraction in [0, 1]", dip=self.dip)
         if not isinstance(self.lb_timed, int) or not 0 <= self.lb_timed <= self.sent:
             raise InvalidInputError("lb_timed", self.lb_timed, "must be an integer in [0, sent]", dip=self.dip)
+        if not isinstance(self.light_failures, int) or self.light_failures < 0:
+            raise InvalidInputError("light_failures", self.light_failures, "must be an integer >= 0", dip=self.dip)
+        bad = [x for x in self.light_latencies if not (isinstance(x, float | int) and math.isfinite(x) and x >= 0)]
+        if bad:
+            raise InvalidInputError("light_latencies", bad[0], "must be finite seconds >= 0", dip=self.dip)
 
     @property
     def failures(self) -> int:
@@ -263,6 +270,8 @@ class Measurement:
             latency_std=opt("latency_std"),
             share=opt("share"),
             lb_timed=int(data.get("lb_timed", 0)),
+            light_latencies=tuple(float(x) for x in data.get("light_latencies", ())),
+            light_failures=int(data.get("light_failures", 0)),
         )
 
 
@@ -307,11 +316,19 @@ class ProbeSpec(BaseModel):
         0.8, ge=0, le=1,
         description="Share of the interval over which a DIP's requests are spread, one at a random time in each "
                     "equal slot, so that a round sees the DIP's time average; 0 sends them back to back.")
+    light_path: str | None = Field(
+        None,
+        description="Path (and query) of a light request of fixed, tiny work on every DIP (a few percent of a "
+                    "request's), sent beside the probes on a connection of its own: its time above its own unloaded "
+                    "latency is queueing, so the share of light requests that waited shows how busy a many-worker "
+                    "DIP is long before its mean latency rises (docs/probes.md, \"Light probes\"). None: not sent.")
+    light_requests_per_round: int = Field(
+        50, ge=1, le=100_000, description="Light requests per DIP per round, spread like the probes (with light_path).")
 
-    @field_validator("path")
+    @field_validator("path", "light_path")
     @classmethod
-    def _path(cls, value: str) -> str:
-        if not PROBE_PATH.fullmatch(value):
+    def _path(cls, value: str | None) -> str | None:
+        if value is not None and not PROBE_PATH.fullmatch(value):
             raise ValueError(
                 f"path must start with '/' and hold only printable ASCII without spaces, quotes, '<>\\^`{{|}}' "
                 f"(percent-encode the rest): {short_repr(value)}"

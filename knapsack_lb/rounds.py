@@ -7,11 +7,11 @@ and the sample standard deviation (so every round carries its own standard error
 and failures are timed apart (ELS blog: a fast failure is not fast service, so failure latency
 never mixes into the success latency).
 
-Where the load balancer times the client requests itself (layer 7: the simulator's LB; no live
-adapter reports timings yet), :func:`with_lb_timings` pools what it timed into the round: thousands of requests a
-round instead of a handful of probes, at no load. The probes then fall to their floor (the probe
-budget counts LB-timed requests as probes already sent) and still see failures and the DIPs the LB
-sends nothing.
+Where the load balancer times the client requests itself (layer 7: the simulator's LB, and the
+HAProxy, Nginx and Envoy adapters from the LB's access logs), :func:`with_lb_timings` pools what it
+timed into the round: thousands of requests a round instead of a handful of probes, at no load.
+The probes then fall to their floor (the probe budget counts LB-timed requests as probes already
+sent) and still see failures and the DIPs the LB sends nothing.
 """
 
 from __future__ import annotations
@@ -63,10 +63,12 @@ def sample_std(values: list[float], mean: float) -> float | None:
 
 
 def summarise(samples: RoundSamples, *, vip: str, dip: str, time: float, weight: float, worker: str,
-              share: float | None = None) -> Measurement:
+              share: float | None = None, light: RoundSamples | None = None) -> Measurement:
     """One round as a :class:`Measurement`: mean, nearest-rank percentiles and standard deviation of
     the successes, counts of errors and timeouts, and the mean latency of the failures; ``share`` is
-    the DIP's share of the VIP's requests over the round when the LB's counters tell it."""
+    the DIP's share of the VIP's requests over the round when the LB's counters tell it; ``light``
+    what the round's light requests (``ProbeSpec.light_path``) answered, kept whole (sorted), because
+    what they tell is read from rounds pooled at one load (:mod:`knapsack_lb.controller.waiting`)."""
     ok = sorted(samples.success_latencies)
     mean = math.fsum(ok) / len(ok) if ok else None
     return Measurement(
@@ -80,6 +82,8 @@ def summarise(samples: RoundSamples, *, vip: str, dip: str, time: float, weight:
         worker=worker,
         latency_std=None if mean is None else sample_std(ok, mean),
         share=share,
+        light_latencies=tuple(sorted(light.success_latencies)) if light is not None else (),
+        light_failures=light.errors + light.timeouts if light is not None else 0,
     )
 
 

@@ -26,6 +26,14 @@ it carries for the DIP (the store's in-force record, written by the controller a
 confirmed a plan; read at every refresh, so a slow store never delays a round; an equal split
 before anything was confirmed), is written to the store in one pipeline.
 
+Light requests: where the VIP names a fixed-work URL on its DIPs (``ProbeSpec.light_path``), each
+DIP also gets ``light_requests_per_round`` requests to it every round, spread over the same part of
+the interval at their own random times, on a second kept-alive connection (so one never waits
+behind a probe of this worker), timed the same way; the round carries what they answered whole
+(``Measurement.light_latencies``, ``light_failures``). Their time above their own unloaded latency is
+queueing, which shows how busy a many-worker DIP is long before its mean latency rises
+(:mod:`knapsack_lb.controller.waiting`).
+
 Sharing DIPs among workers: every worker heartbeats, per VIP it serves, into the group
 ``probes.<vip>`` (so a worker started with ``--vip a`` is never handed DIPs of VIP ``b``)
 and, each ``refresh_interval``, computes which DIPs it should own by rendezvous hashing
@@ -347,9 +355,9 @@ class ProbeWorker:
             else:
                 self.owned.discard(resource)
         self.owned &= set(resources)
-        for resource in list(self._clients):
-            if resource not in self.owned or self._clients[resource][0] != resources.get(resource):
-                self._clients.pop(resource)[1].close()
+        for key, (target, _) in list(self._clients.items()):
+            if target.resource not in self.owned or target != resources.get(target.resource):
+                self._clients.pop(key)[1].close()
         await self.refresh_weights()
         await self.refresh_budgets()
         self.stats.owned_dips = len(self.owned)
@@ -363,15 +371,19 @@ class ProbeWorker:
         await self.store.put_status(STATUS_COMPONENT, self.options.worker_id, status, ttl=max(2 * self.lease_ttl, 1.0))
 
     # --- rounds ----------------------------------------------------------------------------------------
-    def _client(self, target: ProbeTarget) -> KeepAliveClient:
-        held = self._clients.get(target.resource)
+    def _client(self, target: ProbeTarget, *, light: bool = False) -> KeepAliveClient:
+        """The kept-alive connection of ``target``'s probes, or of its light requests (a connection of
+        their own, so a light request never waits behind a probe of this worker)."""
+        key = f"{target.resource}:light" if light else target.resource
+        held = self._clients.get(key)
         if held is None or held[0] != target:
             if held is not None:
                 held[1].close()
             spec = target.spec
-            client = KeepAliveClient(target.host, target.port, method=spec.method, path=spec.path,
+            path = spec.light_path if light and spec.light_path is not None else spec.path
+            client = KeepAliveClient(target.host, target.port, method=spec.method, path=path,
                                      headers=dict(spec.headers), timeout=spec.timeout)
-            self._clients[target.resource] = (target, client)
+            self._clients[key] = (target, client)
             return client
         return held[1]
 
@@ -434,10 +446,10 @@ class ProbeWorker:
         deadline = started + spec.interval
         weights = self._weights(state)
 
-        async def one(target: ProbeTarget) -> RoundSamples:
-            client = self._client(target)
+        async def one(target: ProbeTarget, light: bool = False) -> RoundSamples:
+            client = self._client(target, light=light)
             timestamped, read_delay = client.timestamped, client.read_delay_sum
-            requests = self.requests_for(vip, target.dip)
+            requests = spec.light_requests_per_round if light else self.requests_for(vip, target.dip)
             try:
                 send_at = send_times(started, spec.spread * spec.interval, requests, self.rng) if spec.spread else ()
                 return await probe_target(client, target, deadline, requests, in_flight=self._semaphore,
@@ -446,11 +458,17 @@ class ProbeWorker:
                 self.stats.kernel_timestamped += client.timestamped - timestamped
                 self.stats.read_delay_seconds += client.read_delay_sum - read_delay
 
-        results = await asyncio.gather(*(one(t) for t in targets))
+        async def both(target: ProbeTarget) -> tuple[RoundSamples, RoundSamples | None]:
+            if spec.light_path is None:
+                return await one(target), None
+            probes, light = await asyncio.gather(one(target), one(target, light=True))
+            return probes, light
+
+        results = await asyncio.gather(*(both(t) for t in targets))
         measurements = [
             summarise(samples, vip=vip, dip=t.dip, time=started_wall, weight=weights.get(t.dip, 0.0),
-                      worker=self.options.worker_id)
-            for t, samples in zip(targets, results, strict=True)
+                      worker=self.options.worker_id, light=light)
+            for t, (samples, light) in zip(targets, results, strict=True)
         ]
         for m in measurements:
             self.stats.requests += m.sent

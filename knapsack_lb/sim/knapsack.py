@@ -9,7 +9,9 @@ The simulated LB counts what it sends each DIP, as a real LB's per-server counte
 share of the VIP's traffic from them (at layer 4 it lags the weights by the connections'
 lifetimes). The number of probes per DIP is the controller's probe budget when it has one
 (requests at layer 7 give it the VIP's rate, so the 3 % cap on a DIP's probe load holds), else
-``knapsack.probe_requests``.
+``knapsack.probe_requests``. Where the scenario gives its DIPs a fixed-work URL
+(``knapsack.light_requests`` > 0) each DIP also gets that many light requests a round, each of
+``knapsack.light_work`` of the DIP's mean service, spread like the probes and queued like requests.
 At layer 7 the simulated LB also times every client request it sends (:class:`SimLbTimer`, as
 HAProxy's log times each request's response, ``Tr``), over the same window as the probes, and the loop pools that into
 each DIP's round; the controller's budget then gives the probes their floor.
@@ -85,28 +87,47 @@ class SimKlm:
         self.probe_requests = spec.probe_requests
         self.probe_timeout = spec.probe_timeout
         self.probe_window = spec.probe_window
+        self.light_requests = spec.light_requests
+        self.light_sizes = [spec.light_work * mean for mean in sim.mean_size]
+        self.light_rng = random.Random(f"{sim.seed}/klm-light")  # apart, so probes go out as they would without
         self.round: list[list[Outcome]] = [[] for _ in sim.names]
+        self.light_round: list[list[Outcome]] = [[] for _ in sim.names]
         self.sent = 0  # probe requests scheduled so far
         self.timer = timer  # the LB's timings, reset when a round's probe window opens
 
     def schedule(self, start: float, budget: Mapping[str, int] | None = None) -> None:
-        """Schedule the next round: ``budget`` requests per DIP (by name), else ``probe_requests``."""
+        """Schedule the next round: ``budget`` requests per DIP (by name), else ``probe_requests``, and
+        ``light_requests`` light requests of fixed work."""
         begin = start + self.interval * (1.0 - self.probe_window)
-        span = self.interval * self.probe_window
         lb = self.sim.lbs[0]
         if self.timer is not None:
             self.sim.engine.at(max(begin, self.sim.engine.now), self.timer.reset)
         for dip, name in enumerate(self.sim.names):
             count = budget.get(name, self.probe_requests) if budget else self.probe_requests
             self.sent += count
-            for i in range(count):
-                at = begin + span * (i + self.rng.random()) / count
-                at = min(at, start + self.interval - self.probe_timeout - 1e-6) if span > self.probe_timeout else at
-                self.sim.engine.at(max(at, self.sim.engine.now), self._send, (lb, dip))
+            for at in self._times(start, count, self.rng):
+                self.sim.engine.at(at, self._send, (lb, dip))
+            for at in self._times(start, self.light_requests, self.light_rng):
+                self.sim.engine.at(at, self._send_light, (lb, dip))
+
+    def _times(self, start: float, count: int, rng: random.Random) -> list[float]:
+        """One time at random in each of ``count`` equal slots of the probe window. The window ends a
+        probe timeout before the interval does, so that every request is answered or timed out within
+        its round, where that leaves it any length; else it is the whole window."""
+        begin = start + self.interval * (1.0 - self.probe_window)
+        end = start + self.interval - self.probe_timeout
+        span = end - begin if begin < end else self.interval * self.probe_window
+        now = self.sim.engine.now
+        return [max(begin + span * (i + rng.random()) / count, now) for i in range(count)]
 
     def _send(self, item: tuple[Any, int]) -> None:
         lb, dip = item
         self.sim.send_probe(lb, dip, timeout=self.probe_timeout, serve=True, on_outcome=self.round[dip].append)
+
+    def _send_light(self, item: tuple[Any, int]) -> None:
+        lb, dip = item
+        self.sim.send_probe(lb, dip, timeout=self.probe_timeout, serve=True, on_outcome=self.light_round[dip].append,
+                            size=self.light_sizes[dip])
 
     def take(self, now: float) -> dict[str, Measurement]:
         """The round that just ended, per DIP that was probed."""
@@ -116,19 +137,26 @@ class SimKlm:
         for dip, outcomes in enumerate(self.round):
             if not outcomes:
                 continue
-            samples = RoundSamples()
-            for o in outcomes:
-                if o.status == "ok":
-                    samples.success_latencies.append(o.latency)
-                elif o.status == "timeout":
-                    samples.add_timeout(o.latency)
-                else:
-                    samples.add_error(o.status, o.latency)
             name = self.sim.names[dip]
-            out[name] = summarise(samples, vip=self.vip, dip=name, time=now,
-                                  weight=carried.get(name, equal) if carried else equal, worker="sim-klm")
+            light = self.light_round[dip]
+            out[name] = summarise(_samples(outcomes), vip=self.vip, dip=name, time=now,
+                                  weight=carried.get(name, equal) if carried else equal, worker="sim-klm",
+                                  light=_samples(light) if light else None)
         self.round = [[] for _ in self.sim.names]
+        self.light_round = [[] for _ in self.sim.names]
         return out
+
+
+def _samples(outcomes: list[Outcome]) -> RoundSamples:
+    samples = RoundSamples()
+    for o in outcomes:
+        if o.status == "ok":
+            samples.success_latencies.append(o.latency)
+        elif o.status == "timeout":
+            samples.add_timeout(o.latency)
+        else:
+            samples.add_error(o.status, o.latency)
+    return samples
 
 
 class SimLbTimer:
@@ -183,7 +211,9 @@ class KnapsackDriver:
         balancing: Balancing = "least_connections" if spec.data_plane == "weighted_least_connections" else "weighted"
         self.config = VipConfig(name=vip, objective=self.settings.solver.objective, balancing=balancing,
                                 probe=ProbeSpec(requests_per_round=spec.probe_requests, interval=spec.probe_interval,
-                                                timeout=spec.probe_timeout),
+                                                timeout=spec.probe_timeout,
+                                                light_path="/light" if spec.light_requests else None,
+                                                light_requests_per_round=spec.light_requests or 50),
                                 dips=tuple(DipConfig(name=n, address=sim_address(i)) for i, n in enumerate(sim.names)))
         self.controller = VipController(vip, sim.names, self.settings, rng=random.Random(f"{sim.seed}/controller"))
         self.timer = SimLbTimer(sim.names) if sim.scenario.lb.layer == 7 else None

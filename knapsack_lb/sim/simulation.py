@@ -95,7 +95,8 @@ class _Attempt(Job):
     object per attempt instead of two). ``result`` carries the answer (a status, or an ``Outcome``)
     from the DIP's side back to the LB."""
 
-    __slots__ = ("dip", "finished", "lb", "on_outcome", "out_delay", "probe", "req", "result", "sent_at")
+    __slots__ = ("dip", "finished", "fixed_size", "lb", "on_outcome", "out_delay", "probe", "req", "result",
+                 "sent_at")
 
     def __init__(
         self,
@@ -120,6 +121,7 @@ class _Attempt(Job):
         self.out_delay = out_delay
         self.finished = False
         self.probe = False
+        self.fixed_size = 0.0  # > 0: the work of a light request, not a draw of the service time
         self.lb = lb
         self.on_outcome: Callable[[Outcome], None] | None = None
         self.result: Outcome | str = "ok"
@@ -180,6 +182,7 @@ class Simulation:
         ]
         service_rng = stream(self.seed, "service")
         self._size = [sampler(g.service or scenario.service, service_rng) for g in groups]
+        self.mean_size = [(g.service or scenario.service).mean for g in groups]
         self.network = Network(scenario, stream(self.seed, "network"))
         self.rng = stream(self.seed, "clients")
         weights = tuple(g.weight for g in groups)
@@ -288,7 +291,7 @@ class Simulation:
 
     def _arrive(self, att: _Attempt) -> None:
         dip = att.dip
-        att.size = self._size[dip]()
+        att.size = att.fixed_size or self._size[dip]()
         if att.probe:
             self.dips[dip].probe(att)
         else:
@@ -457,12 +460,15 @@ class Simulation:
         timeout: float,
         serve: bool = False,
         on_outcome: Callable[[Outcome], None] | None = None,
+        size: float = 0.0,
     ) -> None:
-        """A probe from ``lb`` to ``dip``: answered at once (``serve=False``) or queued like a request."""
+        """A probe from ``lb`` to ``dip``: answered at once (``serve=False``) or queued like a request,
+        of ``size`` work (seconds at speed 1) when given, else of a service time drawn as a request's."""
         now = self.engine.now
         delay = self.network.delay(lb.index, dip, now)
         att = _Attempt(None, dip, now, delay, lb, self._answer)
         att.probe = not serve
+        att.fixed_size = size
         att.on_outcome = on_outcome
         self.engine.after(delay, self._arrive, att)
         self.engine.after(timeout, self._timeout, att)

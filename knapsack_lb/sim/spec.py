@@ -287,6 +287,12 @@ class KnapsackSpec(_Frozen):
     probe_window: float = Field(
         0.5, gt=0, le=1, description="Probes are spread over this last fraction of each interval (after a change)."
     )
+    light_requests: int = Field(
+        0, ge=0, le=10_000,
+        description="Light requests per DIP per round, to a fixed-work URL on every DIP (ProbeSpec.light_path), "
+        "spread like the probes; 0: the DIPs have no such URL.")
+    light_work: float = Field(
+        0.01, gt=0, le=1, description="A light request's work as a share of the DIP's mean service time.")
     settings: dict[str, Any] = Field(default_factory=dict, description="ControllerSettings overrides.")
 
 

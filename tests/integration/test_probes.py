@@ -88,6 +88,36 @@ async def test_a_dips_requests_are_spread_over_the_round_or_sent_back_to_back(st
             assert fleet.stats("d1").connections == workers  # one kept-alive connection per worker
 
 
+async def test_light_requests_go_to_their_own_path_and_are_stored_with_the_round(store: RedisLatencyStore) -> None:
+    """With ``light_path`` set each DIP also gets ``light_requests_per_round`` requests to it, on a
+    connection of their own; the round carries their latencies (sorted) and survives the store."""
+    configs = [EmulatorConfig("d1", service_time=0.02, distribution="fixed")]
+    with EmulatorFleet(configs) as fleet:
+        config = _vip("web", fleet.addresses, path="/probe", requests_per_round=4, interval=2.0,
+                      light_path="/light?work=0.002", light_requests_per_round=12)
+        await store.put_vip(config)
+        worker = ProbeWorker(store, ProbeWorkerOptions(worker_id="w1"))
+        await worker.refresh()
+        (m,) = await worker.probe_round("web")
+        assert await worker.flush()
+        (stored,) = await store.measurements("web")
+        assert stored == m
+        stats = fleet.stats("d1")
+        assert (m.sent, m.successes, stats.successes) == (4, 4, 4)  # the probes' count is the probes' only
+        assert (len(m.light_latencies), m.light_failures, stats.light_probes) == (12, 0, 12)
+        assert list(m.light_latencies) == sorted(m.light_latencies)
+        # 2 ms of work each; the probes' 20 ms never delay them beyond one probe's service
+        assert m.light_latencies[0] >= 0.002 and m.light_latencies[-1] < 0.2
+        assert m.latency_mean is not None and m.light_latencies[0] < m.latency_mean
+        assert stats.connections == 2  # one kept-alive connection each
+
+        await store.put_vip(_vip("web", fleet.addresses, path="/probe", requests_per_round=4, interval=2.0))
+        await worker.refresh()
+        (plain,) = await worker.probe_round("web")
+        assert (plain.light_latencies, plain.light_failures) == ((), 0)
+        assert fleet.stats("d1").light_probes == 12
+
+
 async def test_failures_are_counted_and_timed_apart(store: RedisLatencyStore) -> None:
     configs = [
         EmulatorConfig("fastfail", failure_probability=1.0, failure_mode="fast", service_time=0.01),

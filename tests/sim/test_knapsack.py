@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from knapsack_lb.controller.waiting import erlang_c
 from knapsack_lb.model import Measurement
 from knapsack_lb.sim.knapsack import KnapsackDriver
 from knapsack_lb.sim.simulation import Simulation
@@ -143,3 +144,50 @@ def test_operator_paths_run_through_the_live_loop_in_the_simulator() -> None:
     assert next(p for p in plans if p["time"] >= 305)["weights"]["dip-3"] > 0  # back in service
     summary = result.summary()["controller"]
     assert len(summary["applies_refused"]) == 3 and summary["operator"][1]["next_weights"]["dip-3"] == 0.0
+
+
+def test_a_rounds_probes_are_spread_to_a_timeout_before_the_interval_ends_never_bunched() -> None:
+    """A 2.5 s window with a 1 s timeout: every probe goes out between 2.5 s and 4 s into its interval,
+    one at a random time in each equal slot, no two at one instant."""
+    sc = parse_scenario(scenario(duration=20.0, knapsack={"probe_interval": 5.0, "probe_requests": 20,
+                                                          "probe_timeout": 1.0, "probe_window": 0.5}))
+    sim = Simulation(sc, "knapsack", seed=1)
+    driver = KnapsackDriver(sim, vip="klb-test")
+    sent: list[float] = []
+    send = driver.klm._send
+    driver.klm._send = lambda item: (sent.append(sim.engine.now), send(item))[1]  # type: ignore[method-assign]
+    driver.start()
+    sim.run()
+    offsets = sorted(t % 5.0 for t in sent)
+    assert len(sent) > 4 * 2 * 3 and offsets[0] >= 2.5 and offsets[-1] <= 4.0
+    assert len(set(sent)) == len(sent)
+    first = [t for t in sent if t < 5.0]  # 20 to each DIP before the controller's budget says otherwise
+    per_slot = [sum(2.5 + 1.5 * i / 20 <= t < 2.5 + 1.5 * (i + 1) / 20 for t in first) for i in range(20)]
+    assert per_slot == [2] * 20
+
+
+@pytest.mark.parametrize("discipline", ["ps", "fcfs"])
+def test_light_requests_wait_as_often_as_erlangs_formula_says(discipline: str) -> None:
+    """A DIP of four workers at 70 % load (M/M/4, or processor sharing over four cores): a light
+    request of fixed work finds every worker busy with probability C(4, 2.8) = 0.43 (PASTA), and
+    any time it takes above its own work is that wait; the waits' mean is S / (c - a) behind FCFS
+    workers and w / (c - a) under processor sharing (the module docstring of
+    ``knapsack_lb.controller.waiting``)."""
+    sc = parse_scenario(scenario(duration=300.0, dips=[{"name": "d", "workers": 4, "discipline": discipline}],
+                                 clients={"kind": "open", "load": 0.7},
+                                 knapsack={"probe_interval": 5.0, "probe_requests": 5, "light_requests": 50}))
+    sim = Simulation(sc, "knapsack", seed=2)
+    driver = KnapsackDriver(sim, vip="klb-test")
+    seen = record_steps(driver.controller)
+    driver.start()
+    sim.run()
+    assert driver.config.probe.light_path == "/light"
+    light = [x for rounds in seen for m in rounds.values() for x in m.light_latencies]
+    assert len(light) == 60 * 50 and all(m.light_failures == 0 for r in seen for m in r.values())
+    work = 0.01 * 0.01  # 1 % of the mean service, no network time in this scenario
+    waits = [x - work for x in light if x > work * (1 + 1e-6)]
+    assert min(light) == pytest.approx(work)
+    offered = 0.7 * 4 + 5 / 5.0 * 0.01  # the clients' and the probes' erlangs
+    assert len(waits) / len(light) == pytest.approx(erlang_c(4, offered), abs=0.04)
+    unit = 0.01 if discipline == "fcfs" else work
+    assert sum(waits) / len(waits) == pytest.approx(unit / (4 - offered), rel=0.15)

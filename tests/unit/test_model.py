@@ -3,7 +3,7 @@ import math
 import pytest
 
 from knapsack_lb.errors import InvalidInputError
-from knapsack_lb.model import Measurement, VipConfig, WeightPlan
+from knapsack_lb.model import Measurement, ProbeSpec, VipConfig, WeightPlan
 from knapsack_lb.names import parse_address, validate_name
 
 
@@ -36,6 +36,26 @@ def test_addresses() -> None:
 def test_measurement_counts_must_add_up() -> None:
     with pytest.raises(InvalidInputError, match="sent"):
         Measurement("web", "a", 0.0, 0.1, 10, 5, 1, 1, 0.01, 0.01, 0.01, 0.01, None, "w1")
+
+
+def test_a_rounds_light_latencies_round_trip_and_bad_ones_are_refused_by_name() -> None:
+    m = Measurement("web", "a", 0.0, 0.1, 2, 2, 0, 0, 0.01, 0.01, 0.01, 0.01, None, "w1",
+                    light_latencies=(0.001, 0.0012, 0.004), light_failures=1)
+    assert Measurement.from_dict(m.to_dict()) == m
+    old = {k: v for k, v in m.to_dict().items() if not k.startswith("light")}  # a round stored before them
+    assert Measurement.from_dict(old).light_latencies == ()
+    for field, value in (("light_latencies", (0.001, math.nan)), ("light_latencies", (-0.001,)),
+                         ("light_failures", -1)):
+        with pytest.raises(InvalidInputError, match=field):
+            Measurement("web", "a", 0.0, 0.1, 2, 2, 0, 0, 0.01, 0.01, 0.01, 0.01, None, "w1",
+                        **{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", ["light", "/light?work=1 2", "/l\nx", "/l'x", '/l"x', "/l;x y"])
+def test_a_light_path_is_validated_like_the_probe_path(bad: str) -> None:
+    assert ProbeSpec(light_path="/light?work=0.001").light_path == "/light?work=0.001"
+    with pytest.raises(ValueError, match="light_path"):
+        ProbeSpec(light_path=bad)
 
 
 def test_vip_config_validates_pins() -> None:
