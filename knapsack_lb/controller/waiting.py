@@ -88,6 +88,16 @@ def servers_from_waited_share(waited: float, offered: float) -> float:
     return float(brentq(lambda servers: erlang_c(servers, offered) - waited, low, high, xtol=1e-12, rtol=1e-12))
 
 
+def utilisation_from_waited_share(waited: float, servers: float) -> float:
+    """The utilisation at which ``servers`` workers have ``waited`` of their arrivals wait (``erlang_c``
+    inverted in the load); ``waited`` strictly between 0 and 1, ``servers`` > 0."""
+    if not 0 < waited < 1:
+        raise InvalidInputError("waited", waited, "must be a share strictly between 0 and 1")
+    if not math.isfinite(servers) or servers <= 0:
+        raise InvalidInputError("servers", servers, "must be workers > 0")
+    return float(brentq(lambda u: erlang_c(servers, servers * u) - waited, 0.0, 1.0, xtol=1e-12, rtol=1e-12))
+
+
 @dataclass(frozen=True)
 class WaitedCapacity:
     """A DIP's capacity (requests/s) read from ``waited`` of ``probes`` light probes.
@@ -106,7 +116,8 @@ class WaitedCapacity:
     servers: float | None
 
 
-def _wilson(waited: int, probes: int, z: float) -> tuple[float, float]:
+def wilson_interval(waited: int, probes: int, z: float) -> tuple[float, float]:
+    """Wilson's score interval of the share ``waited / probes`` at ``z`` standard errors."""
     share = waited / probes
     spread = z * z / probes
     centre = (share + spread / 2) / (1 + spread)
@@ -130,7 +141,7 @@ def capacity_from_waited_share(waited: int, probes: int, *, rate: float, unloade
     if not math.isfinite(z) or z <= 0:
         raise InvalidInputError("z", z, "must be a number of standard errors > 0")
     offered = rate * unloaded
-    share_low, share_high = _wilson(waited, probes, z)
+    share_low, share_high = wilson_interval(waited, probes, z)
 
     def capacity_at(share: float) -> float | None:
         if share <= 0:
@@ -201,7 +212,10 @@ def load_from_light_probes(waited: int, probes: int, excess: float, *, threshold
     only when its excess passed ``threshold`` (the same unit), and ``excess`` sums what lies beyond
     it. A wait is memoryless, so those that passed exceed it by the same mean, and the share that
     waited at all is the counted share times ``exp(threshold x spare)`` (for processor sharing's
-    stretches, geometric in steps of ``1 / c``, approximately)."""
+    stretches, geometric in steps of ``1 / c``, approximately), restored at most e-fold: waits whose
+    mean excess is below the threshold are not the tail of the model's exponential waits (a threshold
+    past their mean would have cut most of them), and a few such, a fraction of the threshold long,
+    would otherwise restore to every request having waited."""
     if not isinstance(probes, int) or probes < 1:
         raise InvalidInputError("probes", probes, "must be an integer >= 1")
     if not isinstance(waited, int) or not 0 <= waited <= probes:
@@ -214,14 +228,14 @@ def load_from_light_probes(waited: int, probes: int, excess: float, *, threshold
         raise InvalidInputError("z", z, "must be a number of standard errors > 0")
     if waited == 0:
         return LightProbeLoad(waited=0, probes=probes, spare=None, servers=None, utilisation=None, low=0.0, high=None)
-    share_low, share_high = _wilson(waited, probes, z)
+    share_low, share_high = wilson_interval(waited, probes, z)
     tail = float(norm.sf(z))
     spare = waited / excess
     spare_low = float(chi2.ppf(tail, 2 * waited)) / (2 * excess)
     spare_high = float(chi2.ppf(1 - tail, 2 * waited)) / (2 * excess)
 
     def uncensored(share: float, rate: float) -> float:
-        return min(1.0, share * math.exp(threshold * rate))
+        return min(1.0, share * math.exp(min(threshold * rate, 1.0)))
 
     shares = [share_low + (share_high - share_low) * i / 4 for i in range(5)]
     spares = [spare_low + (spare_high - spare_low) * j / 4 for j in range(5)]

@@ -12,6 +12,7 @@ from knapsack_lb.controller.waiting import (
     load_from_light_probes,
     servers_from_spare,
     servers_from_waited_share,
+    utilisation_from_waited_share,
 )
 from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.solver.oracle import erlang_c as erlang_c_integer
@@ -170,7 +171,7 @@ def test_bad_spare_input_names_the_field(waited: float, spare: float, field: str
     assert info.value.field == field
 
 
-@pytest.mark.parametrize("threshold", [0.05, 0.2, 0.5])
+@pytest.mark.parametrize("threshold", [0.05, 0.1, 0.2])
 def test_waits_counted_only_past_a_jitter_threshold_read_the_same_load(threshold: float) -> None:
     # 16 workers at 70 %: waits of mean 1 / 4.8 services; those past the threshold are fewer by
     # exp(-threshold x 4.8) and exceed it by the same mean (a wait is memoryless)
@@ -191,3 +192,21 @@ def test_waits_longer_than_any_number_of_workers_allows_read_as_one_busy_worker(
     assert servers_from_spare(0.3, 0.3) == 1.0
     load = load_from_light_probes(300, 1000, 300 / 0.3)
     assert load.servers == 1.0 and load.utilisation == pytest.approx(0.7)
+
+
+def test_waits_far_shorter_than_the_threshold_are_restored_at_most_e_fold() -> None:
+    # three of 300 past a threshold of 0.5, beyond it by a millionth each: not the tail of exponential waits
+    # (restored as such, exp(0.5 x 1e6) overflows); restored e-fold, as a threshold of one mean excess would be
+    load = load_from_light_probes(3, 300, 3e-6, threshold=0.5)
+    assert load.utilisation is not None and math.isfinite(load.utilisation)
+    assert load.utilisation == load_from_light_probes(3, 300, 3e-6, threshold=1e-6).utilisation
+
+
+@pytest.mark.parametrize(("servers", "utilisation"), [(1, 0.3), (4, 0.7), (64, 0.9)])
+def test_the_utilisation_from_the_waited_share_inverts_erlang_c_in_the_load(servers: int, utilisation: float) -> None:
+    waited = erlang_c(servers, servers * utilisation)
+    assert utilisation_from_waited_share(waited, servers) == pytest.approx(utilisation, abs=1e-9)
+    if servers == 1:
+        assert utilisation_from_waited_share(0.3, 1) == pytest.approx(0.3)  # M/M/1: C is the utilisation
+    with pytest.raises(InvalidInputError, match="waited"):
+        utilisation_from_waited_share(1.0, servers)
