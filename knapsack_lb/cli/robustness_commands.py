@@ -29,6 +29,8 @@ def bench_robustness_command(
                                "static baselines only)."),
     duration: float = typer.Option(None, help="Simulated seconds per run (default: the generator's 600)."),
     workers: int = typer.Option(None, min=1, help="Processes (default: the CPUs)."),
+    light_requests: int = typer.Option(0, min=0, max=1000, help="Light requests per DIP per round to a fixed-work "
+                                       "URL every DIP has (0: none, the paper's black box)."),
     save_specs: Path = typer.Option(None, "--save-specs", help="Write each pool's scenario YAML here."),
     plot: Path = typer.Option(Path("robustness.png"), help="PNG: ratios per pool (sorted) and their CDFs."),
     as_json: bool = typer.Option(False, "--json", help="Print every pool's numbers as JSON on stdout."),
@@ -39,8 +41,12 @@ def bench_robustness_command(
     if engine not in ("sim", "fluid"):
         raise typer.BadParameter(f"engine must be 'sim' or 'fluid' (got {engine!r})", param_hint="--engine")
     chosen: Literal["sim", "fluid"] = "fluid" if engine == "fluid" else "sim"
+    if light_requests and chosen == "fluid":
+        raise typer.BadParameter(f"the fluid model sends no light requests (got {light_requests}); use --engine sim",
+                                 param_hint="--light-requests")
     count = QUICK_POOLS if quick else pools
-    gen = gauge.PoolGenerator(duration=duration or (QUICK_DURATION if quick else gauge.PoolGenerator().duration))
+    gen = gauge.PoolGenerator(duration=duration or (QUICK_DURATION if quick else gauge.PoolGenerator().duration),
+                              light_requests=light_requests)
     pool_set = [gauge.generate_pool(i, seed, gen) for i in range(count)]
     if save_specs is not None:
         gauge.save_specs(pool_set, save_specs)

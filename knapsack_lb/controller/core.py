@@ -25,7 +25,9 @@ One step:
    weights that carry their load now, a round off the curve beyond its confidence bound forgets the
    DIP's older rounds, and the guard measures the plan in force
    (:mod:`~knapsack_lb.controller.estimation`, :mod:`~knapsack_lb.controller.traffic`,
-   :mod:`~knapsack_lb.controller.guard`).
+   :mod:`~knapsack_lb.controller.guard`). Where the VIP's DIPs answer light requests
+   (``ProbeSpec.light_path``), their waits give each DIP the share it saturates at, which caps
+   every plan (:mod:`~knapsack_lb.controller.light_rounds`).
    With ``algorithm1`` (the paper): measuring DIPs advance Algorithm 1 (section 4.3) when their
    round was taken at the scheduled weight, a finished DIP gets its curve fitted (section 4.2),
    ready DIPs feed the change detector (section 4.5: a traffic change shifts every curve, a
@@ -75,6 +77,7 @@ from knapsack_lb.controller.estimation import (
     pooled,
     probe_spread,
     round_evidence,
+    same_weight,
     seen_under_load,
     unloaded_latency,
 )
@@ -88,6 +91,7 @@ from knapsack_lb.controller.guard import (
     moved,
 )
 from knapsack_lb.controller.least_connections import CapacityInterval, PeerLatency, capacity_split, slow_hosts
+from knapsack_lb.controller.light_rounds import light_load, light_round
 from knapsack_lb.controller.measurement import DipMeasurement
 from knapsack_lb.controller.rails import apply_rails, capacity_proportional
 from knapsack_lb.controller.scheduling import MeasurementRequest, schedule_round
@@ -123,6 +127,9 @@ GUARD_THRESHOLD = 0.05
 # The probe budget: rounds within this relative distance of the weight a DIP carries now count as taken
 # there (rounds placed at the share the LB counted wander around the weight)
 BUDGET_WEIGHT_TOLERANCE = 0.1
+# A DIP's saturation share is read from at most this many of its newest rounds of light requests at one share:
+# six rounds of 50 read a utilisation to within a few hundredths (docs/decisions/controller.md)
+LIGHT_POOL = 6
 
 
 @dataclass(frozen=True)
@@ -208,6 +215,9 @@ class VipController:
         # per DIP, the client requests the LB timed in its newest round (the probe budget counts them as probes
         # already sent); not kept with the state: after a restart the first round's budget is the uniform one
         self.lb_timed: dict[str, int] = {}
+        # per DIP, its newest rounds of light requests (time, share, latencies) at the share it carried last, since
+        # its last change; not kept with the state: after a restart its saturation share is read from the next rounds
+        self.light_rounds: dict[str, list[tuple[float, float, tuple[float, ...]]]] = {}
         self._drain: DrainProbe | None = None
         self.rounds = 0
         self.measurement_rounds = 0
@@ -780,6 +790,7 @@ class VipController:
                     reasons += self._unremedied(name, evidence.weight)
         if self.in_force and self.confirmed_version and latest:
             self.guard.observe(self.confirmed_version, self.in_force, latest)
+        self._read_light(trusted)
         lowest = [min((e.mean for e in d.evidence if e.n > 0), default=math.inf) for d in self.dips.values()]
         prior = pool_prior(lowest)
         lights, reference = self._light_latencies()
@@ -1472,8 +1483,39 @@ class VipController:
         return out
 
     def _limit(self, name: str, cap: float) -> float:
-        """The most the solver can give a DIP: ``cap``, below its curve's asymptote."""
-        return min(cap, self.dips[name].curve_obj().upper_bound * (1 - 1e-3))
+        """The most the solver can give a DIP: ``cap``, below its curve's asymptote and the share its light
+        requests say it saturates at."""
+        dip = self.dips[name]
+        saturation = dip.saturation_share if dip.saturation_share is not None else math.inf
+        return min(cap, dip.curve_obj().upper_bound * (1 - 1e-3), saturation)
+
+    def _read_light(self, trusted: Mapping[str, Measurement]) -> None:
+        """Each DIP's saturation share from its light requests (:mod:`knapsack_lb.controller.light_rounds`):
+        its newest :data:`LIGHT_POOL` rounds since its last change (its evidence's oldest round) at the share
+        it carried last (rounds at no share left out), read in the unit the waits fit, with its fitted
+        unloaded latency for a worker pool's. None where they tell nothing: none sent, too few answered, or
+        no share carried since its last change."""
+        tolerance = self.settings.measurement.trust_tolerance
+        for name, m in trusted.items():
+            evidence = round_evidence(m, self._weight_of(name, m)) if name in self.dips else None
+            # at the share it carried, as its other evidence; a round that carried nothing says nothing of the
+            # share it saturates at, and would hide the rounds that did
+            if evidence is not None and evidence.weight > 0 and m.light_latencies:
+                kept = self.light_rounds.get(name, [])
+                self.light_rounds[name] = [*kept, (m.time, evidence.weight, m.light_latencies)]
+        for name, dip in self.dips.items():
+            rounds = self.light_rounds.get(name, [])
+            dip.saturation_share = None
+            if not rounds or dip.failed or not dip.evidence:
+                continue
+            share = rounds[-1][1]
+            since = dip.evidence[0].time
+            rounds = [r for r in rounds if r[0] >= since and same_weight(r[1], share, tolerance)][-LIGHT_POOL:]
+            self.light_rounds[name] = rounds
+            pooled = light_round(latencies for _, _, latencies in rounds)
+            if pooled is not None:
+                load = light_load(pooled, dip.l0, self.settings.learning.confidence)
+                dip.saturation_share = load.saturation_share(share)
 
     def _solve_plan(
         self, now: float, config: VipConfig | None, live: list[str], pins: Mapping[str, float], drained: set[str],

@@ -63,6 +63,7 @@ class DipState:
     held_until: float = -math.inf
     drained: bool = False  # the operator drains it: leaving the drain is a return (slow start)
     start_share: float | None = None  # the share the LB's own split gave it before the controller's first plan
+    saturation_share: float | None = None  # where its light requests say it saturates (controller.light_rounds)
 
     @property
     def ready(self) -> bool:

@@ -93,6 +93,7 @@ class SimKlm:
         self.round: list[list[Outcome]] = [[] for _ in sim.names]
         self.light_round: list[list[Outcome]] = [[] for _ in sim.names]
         self.sent = 0  # probe requests scheduled so far
+        self.light_sent = 0  # light requests scheduled so far
         self.timer = timer  # the LB's timings, reset when a round's probe window opens
 
     def schedule(self, start: float, budget: Mapping[str, int] | None = None) -> None:
@@ -107,6 +108,7 @@ class SimKlm:
             self.sent += count
             for at in self._times(start, count, self.rng):
                 self.sim.engine.at(at, self._send, (lb, dip))
+            self.light_sent += self.light_requests
             for at in self._times(start, self.light_requests, self.light_rng):
                 self.sim.engine.at(at, self._send_light, (lb, dip))
 
@@ -319,6 +321,7 @@ def run_knapsack(
     result.series["operator"] = driver.operator
     result.series["controller_events"] = list(driver.controller.events_log)
     result.series["probes_sent"] = driver.klm.sent
+    result.series["light_sent"] = driver.klm.light_sent
     return result
 
 

@@ -191,3 +191,53 @@ def test_light_requests_wait_as_often_as_erlangs_formula_says(discipline: str) -
     assert len(waits) / len(light) == pytest.approx(erlang_c(4, offered), abs=0.04)
     unit = 0.01 if discipline == "fcfs" else work
     assert sum(waits) / len(waits) == pytest.approx(unit / (4 - offered), rel=0.15)
+
+
+def _light_pool(events: list[dict[str, Any]]) -> tuple[Simulation, KnapsackDriver]:
+    """Processor sharing over 16 and 4 cores at 70 % of their 2,000 requests/s, with light requests."""
+    sc = parse_scenario(scenario(duration=200.0, dips=[{"name": "big", "workers": 16}, {"name": "small", "workers": 4}],
+                                 clients={"kind": "open", "load": 0.7}, events=events,
+                                 knapsack={"probe_interval": 5.0, "probe_requests": 10, "light_requests": 50}))
+    sim = Simulation(sc, "knapsack", seed=4)
+    return sim, KnapsackDriver(sim, vip="klb-test")
+
+
+def _saturation_shares(sim: Simulation, driver: KnapsackDriver, dip: str) -> list[tuple[float, float | None]]:
+    """The DIP's saturation share after every step, checking that no plan gives it more."""
+    ctl = driver.controller
+    shares: list[tuple[float, float | None]] = []
+    step = ctl.step
+
+    def recording(now: float, observations: dict[str, Measurement], **kwargs: Any) -> Any:
+        plan = step(now, observations, **kwargs)
+        bound = ctl.dips[dip].saturation_share
+        shares.append((now, bound))
+        if plan is not None and bound is not None and dip not in driver.config.pins:
+            assert plan.weights[dip] <= bound + 1e-9
+        return plan
+
+    ctl.step = recording  # type: ignore[method-assign]
+    driver.start()
+    sim.run()
+    return shares
+
+
+def test_light_requests_read_where_a_dip_saturates() -> None:
+    """The 4-core DIP held at 0.2 of the VIP runs 70 % busy (280 of its 400 requests/s): it saturates
+    at 400 / 1,400 = 0.286 of the VIP, which its light requests read to within a fifth."""
+    sim, driver = _light_pool([{"at": 1.0, "kind": "pin", "dips": ["small"], "weight": 0.2}])
+    read = [b for t, b in _saturation_shares(sim, driver, "small") if t >= 60]
+    assert all(b is not None for b in read)
+    assert sorted(read)[len(read) // 2] == pytest.approx(400 / 1400, rel=0.2)  # type: ignore[type-var]
+
+
+def test_no_plan_gives_a_dip_more_than_its_light_requests_allow() -> None:
+    """Unpinned, the 4-core DIP starts overloaded (half of 1,400 requests/s on 400 of capacity): its light
+    requests all wait and hold it at the share it carried; later, carrying little, too few wait to read a
+    load and the cap is the trust region above its share."""
+    sim, driver = _light_pool([])
+    shares = _saturation_shares(sim, driver, "small")
+    assert shares[0][1] is not None and shares[0][1] < 0.5  # overloaded at the equal split: held below it
+    later = [b for t, b in shares if t >= 60]
+    assert later and all(b is not None for b in later)
+    assert driver.controller.dips["big"].saturation_share is not None

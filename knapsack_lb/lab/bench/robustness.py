@@ -94,6 +94,8 @@ class PoolGenerator(BaseModel):
                             "is scaled (module docstring).")
     duration: float = Field(600.0, gt=60, description="Simulated seconds per run.")
     probe_interval: float = Field(5.0, gt=0, description="Seconds between probe rounds (the controller's default).")
+    light_requests: int = Field(0, ge=0, le=1000, description="Light requests per DIP per round to a fixed-work URL "
+                                "every DIP has (1 % of a mean request's work); 0: no such URL, the paper's black box.")
 
 
 @dataclass(frozen=True)
@@ -229,7 +231,8 @@ def generate_pool(index: int, seed: int, gen: PoolGenerator | None = None) -> Po
                  for nm, v, s in zip(names, vcpus, speeds, strict=True)],
         "clients": clients, "lb": lb, "events": events,
         "knapsack": {"lb": "haproxy", "data_plane": data_plane, "probe_interval": gen.probe_interval,
-                     "probe_requests": probe_requests, "probe_timeout": timeout},
+                     "probe_requests": probe_requests, "probe_timeout": timeout,
+                     "light_requests": gen.light_requests},
     })
     dips = tuple(PoolDip(nm, v, s, a) for nm, v, s, a in zip(names, vcpus, speeds, after, strict=True))
     return Pool(index, scenario, dips, discipline, service, cv2, mean, scale, layer, load, rate,
@@ -411,7 +414,8 @@ def _with_controller(base: Outcome, pool: Pool, plans: Sequence[Mapping[str, Any
         for f in p["flags"]:
             flags[str(f)] = flags.get(str(f), 0) + 1
     if series is not None and "probes_sent" in series:  # what the probes really sent (the LB's timings lower it)
-        probe_rate = series["probes_sent"] / pool.scenario.duration
+        light_work = series.get("light_sent", 0) * pool.scenario.knapsack.light_work  # in mean requests' work
+        probe_rate = (series["probes_sent"] + light_work) / pool.scenario.duration
     else:
         probe_rate = len(pool.dips) * pool.probe_requests / pool.scenario.knapsack.probe_interval
     last = tuple(str(r) for r in plans[-1]["reasons"])[:6] if plans else ()

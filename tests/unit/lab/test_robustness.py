@@ -147,3 +147,13 @@ def test_the_command_prints_strict_json_and_draws_the_plot(tmp_path: Path) -> No
     assert data["summary"]["pools"] == 2 and len(data["pools"]) == 2
     assert set(data["pools"][0]["outcomes"]) == {"round_robin", "wrr_vcpu", "oracle", "knapsack"}
     assert plot.stat().st_size > 10_000
+
+
+def test_light_requests_reach_the_pools_scenarios_and_the_fluid_engine_refuses_them() -> None:
+    pool = generate_pool(3, 1, PoolGenerator(light_requests=50))
+    assert pool.scenario.knapsack.light_requests == 50
+    assert generate_pool(3, 1).scenario.knapsack.light_requests == 0
+    assert pool.scenario.dips == generate_pool(3, 1).scenario.dips  # the same pool, with a light URL
+    result = CliRunner().invoke(app, ["bench", "robustness", "--pools", "1", "--engine", "fluid", "--light-requests",
+                                      "50"])
+    assert result.exit_code != 0 and "light" in result.output
