@@ -1,4 +1,4 @@
-"""What a DIP's light requests say, round by round: how busy it ran, and so the share it saturates at.
+"""What a DIP's light requests say: how busy it ran, and so the share of the VIP it saturates at.
 
 A light request (``ProbeSpec.light_path``) does a fixed, tiny piece of work, so any time it takes
 above its own unloaded latency ``w`` is queueing (:mod:`knapsack_lb.controller.waiting`). A round
@@ -116,17 +116,16 @@ class LightLoad:
 
 
 def light_load(r: LightRound, unloaded: float | None, z: float) -> LightLoad:
-    """The load ``r`` shows (steps 3 of the module docstring): read in the light request's own work
+    """The load ``r`` shows (step 3 of the module docstring): read in the light request's own work
     where that fits the share that waited, else in ``unloaded`` (the application's unloaded latency,
     seconds; None: read in the light request's own work whatever fits); bounds at ``z`` standard
     errors."""
-    jitter = r.jitter
     if r.waited < MIN_WAITS:
         return LightLoad(None, 0.0, _busiest_without_waits(r, z), "none")
-    stretch = load_from_light_probes(r.waited, r.probes, r.excess / r.base, threshold=jitter / r.base, z=z)
+    stretch = load_from_light_probes(r.waited, r.probes, r.excess / r.base, threshold=r.jitter / r.base, z=z)
     if unloaded is None or unloaded <= r.base or _fits(stretch, r, z):
         return _load(stretch, "stretch")
-    service = load_from_light_probes(r.waited, r.probes, r.excess / unloaded, threshold=jitter / unloaded, z=z)
+    service = load_from_light_probes(r.waited, r.probes, r.excess / unloaded, threshold=r.jitter / unloaded, z=z)
     return _load(service, "service")
 
 
