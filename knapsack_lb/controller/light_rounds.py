@@ -7,7 +7,7 @@ of them is read in three steps:
 1. **The base.** ``w`` is never measured idle in service. Requests that found a free worker answer
    in ``w``, a share ``1 - C`` of them, at least 8 % at the highest utilisation a plan should run a
    DIP; so the 5th percentile of the rounds pooled (:data:`BASE_QUANTILE`) is ``w`` or a little
-   above. Rounds are pooled at one load: the DIP's newest rounds at the share it carries now, since
+   above. Rounds are pooled at one load: the DIP's newest rounds at the share it carried last, since
    its last change (the caller's choice).
 2. **The waits.** A request waited when it took more than the base by the timing's jitter (live
    tens of microseconds on a millisecond's work). The requests below the base are the fastest 5 %
