@@ -43,7 +43,10 @@ Bounds per DIP:
   what the LB timed (to every DIP's floor once the LB times more than the total). The floor is
   raised to what the breaker needs to judge a round (``judged``) less what the LB timed;
 * a **drained** DIP (drained by the operator, failed, or ejected: out of service, probed only to
-  see it come back) gets its floor and nothing more.
+  see it come back) gets its floor and nothing more;
+* **light requests** (``ProbeSpec.light_path``) are probe load too: the work a DIP's light requests
+  cost each round, in probe requests' worth (``light``), comes off its cap and off the VIP's total,
+  so probes and light requests together stay within both.
 
 Integers: the real solution is rounded down and the requests left over go, one each, to the DIPs
 with the largest remainders (ties by name), never past a cap: deterministic, no randomness.
@@ -82,7 +85,8 @@ class DipUncertainty:
     ``capacity``: requests per second it can serve, the best estimate (``None``: unknown).
     ``capacity_low``: a lower confidence bound of it (``None``: the same as ``capacity``).
     ``state``: new (no round yet), measuring, settled, or drained (out of service: floor only).
-    ``lb_timed``: the client requests the LB timed of it in its newest round (0 where the LB times none)."""
+    ``lb_timed``: the client requests the LB timed of it in its newest round (0 where the LB times none).
+    ``light``: the work its light requests cost each round, in probe requests (0: none sent)."""
 
     name: str
     state: LearningState = "new"
@@ -91,6 +95,7 @@ class DipUncertainty:
     capacity: float | None = None
     capacity_low: float | None = None
     lb_timed: int = 0  # client requests the LB timed in its newest round: samples that cost no probe
+    light: float = 0.0  # its light requests' work per round, in probe requests
 
 
 def _known(value: float | None) -> float | None:
@@ -132,12 +137,13 @@ def allocate(
             raise InvalidInputError("state", d.state, f"must be one of {', '.join(LEARNING_STATES)}", dip=d.name)
     if method == "uniform" or not dips:
         return {name: uniform for name in names}
-    total = uniform * len(dips)
+    light = {d.name: _known(d.light) or 0.0 for d in dips}
+    total = max(0, math.floor(uniform * len(dips) - math.fsum(light.values()) + 1e-9))
     high: dict[str, int] = {}
     low: dict[str, int] = {}
     timed = {d.name: max(0, d.lb_timed) for d in dips}
     for d in dips:
-        high[d.name] = max(1, _cap(d, uniform, load_cap * interval))
+        high[d.name] = max(1, math.floor(_cap(d, uniform, load_cap * interval) - light[d.name] + 1e-9))
         low[d.name] = max(1, min(max(floor, judged - timed[d.name]), uniform, high[d.name]))
         if d.state == "drained":
             high[d.name] = low[d.name]

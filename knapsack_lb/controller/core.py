@@ -218,6 +218,8 @@ class VipController:
         # per DIP, its newest rounds of light requests (time, share, latencies) at the share it carried last, since
         # its last change; not kept with the state: after a restart its saturation share is read from the next rounds
         self.light_rounds: dict[str, list[tuple[float, float, tuple[float, ...]]]] = {}
+        # per DIP, what one light request costs it in probe requests' work (the probe budget counts it)
+        self.light_costs: dict[str, float] = {}
         self._drain: DrainProbe | None = None
         self.rounds = 0
         self.measurement_rounds = 0
@@ -350,6 +352,7 @@ class VipController:
         until the DIP is ready."""
         carried = self._carried()
         drained = set(config.drained)
+        light = self._light_work(config)
         out = []
         for name in (d.name for d in config.dips):
             dip = self.dips.get(name)
@@ -375,8 +378,21 @@ class VipController:
                 low = (dip.w_max if dip.overloaded else max(dip.w_max, weight)) * rate
                 saturation = dip.curve_obj().upper_bound  # Algorithm 1's curves have none: w_max is their estimate
                 best = max(saturation * rate, low) if math.isfinite(saturation) else low
-            out.append(DipUncertainty(name, state, stderr, spread, best, low, self.lb_timed.get(name, 0)))
+            out.append(DipUncertainty(name, state, stderr, spread, best, low, self.lb_timed.get(name, 0),
+                                      light.get(name, 0.0)))
         return out
+
+    def _light_work(self, config: VipConfig) -> dict[str, float]:
+        """Each DIP's light requests' work per round in probe requests: their count times what one costs
+        (its light base over its unloaded latency, both measured, so an overestimate where the network's
+        round trip is part of both). A DIP not yet read costs what the dearest one read in the VIP does;
+        none read yet, nothing (the first rounds' light work is not counted)."""
+        if config.probe.light_path is None:
+            return {}
+        costs = {d.name: self.light_costs.get(d.name) for d in config.dips}
+        dearest = max((c for c in costs.values() if c is not None), default=0.0)
+        count = config.probe.light_requests_per_round
+        return {name: count * (dearest if cost is None else cost) for name, cost in costs.items()}
 
     # --- state -------------------------------------------------------------------------------
     def state(self) -> ControllerState:
@@ -1514,8 +1530,12 @@ class VipController:
             self.light_rounds[name] = rounds
             pooled = light_round(latencies for _, _, latencies in rounds)
             if pooled is not None:
-                load = light_load(pooled, dip.l0, self.settings.learning.confidence)
+                z = self.settings.learning.confidence
+                load = light_load(pooled, dip.l0, z)
                 dip.saturation_share = load.saturation_share(share)
+                unit = dip.l0 or light_latency(dip.evidence, z)
+                if math.isfinite(unit) and unit > 0:
+                    self.light_costs[name] = min(1.0, pooled.base / unit)
 
     def _solve_plan(
         self, now: float, config: VipConfig | None, live: list[str], pins: Mapping[str, float], drained: set[str],

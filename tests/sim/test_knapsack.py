@@ -241,3 +241,18 @@ def test_no_plan_gives_a_dip_more_than_its_light_requests_allow() -> None:
     later = [b for t, b in shares if t >= 60]
     assert later and all(b is not None for b in later)
     assert driver.controller.dips["big"].saturation_share is not None
+
+
+def test_the_probe_budget_counts_the_light_requests_work() -> None:
+    """A light request is 1 % of a request's work: 50 a round cost each DIP half a probe, which the
+    budget takes off the VIP's 2 x 10 probes a round."""
+    sim, driver = _light_pool([])
+    driver.start()
+    sim.run()
+    ctl = driver.controller
+    assert ctl.light_costs["big"] == pytest.approx(0.01, rel=0.3)
+    assert ctl.light_costs["small"] == pytest.approx(0.01, rel=0.3)
+    light = ctl.probe_uncertainty(driver.config, 1400.0)
+    assert [d.light for d in light] == [50 * ctl.light_costs["big"], 50 * ctl.light_costs["small"]]
+    budget = ctl.probe_budget(driver.config)
+    assert sum(budget.values()) + sum(d.light for d in light) <= 2 * 10

@@ -138,3 +138,16 @@ def test_the_breakers_floor_counts_the_lb_timed_requests() -> None:
     assert budget["timed"] >= 3 and budget["probed"] >= 10
     with pytest.raises(InvalidInputError, match="judged"):
         allocate(dips, uniform=5, interval=5.0, judged=0)
+
+
+def test_light_requests_work_comes_off_the_cap_and_the_total() -> None:
+    # "a" serves 200 requests/s: 3 % over 5 s is 30 requests, 50 light requests at a tenth of a probe's work cost 5
+    dips = [_settled("a", 0.2, capacity=200.0, light=5.0), _settled("b", 0.2, light=5.0), _settled("c", 0.2)]
+    budget = allocate(dips, uniform=100, interval=5.0)
+    assert budget["a"] == 25
+    assert sum(budget.values()) == 300 - 10 and abs(budget["b"] - budget["c"]) <= 1
+    # half a probe's worth still takes a whole probe off the cap; the cap never falls below one probe
+    assert allocate([_settled("a", 0.2, capacity=200.0, light=0.5)], uniform=100, interval=5.0)["a"] == 29
+    assert allocate([_settled("a", 0.2, capacity=20.0, light=9.0)], uniform=100, interval=5.0)["a"] == 1
+    # unknown or nonsense light work counts as none
+    assert allocate([_settled("a", 0.2, capacity=200.0, light=float("nan"))], uniform=100, interval=5.0)["a"] == 30
