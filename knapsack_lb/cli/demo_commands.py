@@ -23,6 +23,9 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         phase_seconds: Annotated[float | None, typer.Option(
             "--phase-seconds", help="Counted seconds per phase (default 60, quick 20).")] = None,
         seed: Annotated[int, typer.Option("--seed", help="Seed of arrivals, lifetimes and service times.")] = 1,
+        light_requests: Annotated[int, typer.Option(
+            "--light-requests", help="Light requests per DIP per round to the emulated DIPs' GET /light "
+            "(probe.light_path; 0: none, the DIPs are black boxes).")] = 0,
         ops: Annotated[bool, typer.Option(
             "--ops", help="Instead: the day-2 tour (add, drain, fail, remove a DIP, dry run, stop and restart klb) "
             "under load, with each step's failed requests and latency; exit 1 when a step's check fails.")] = False,
@@ -40,7 +43,8 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         if ops:
             from knapsack_lb.lab.demo.ops import OpsSettings, run_ops
 
-            ops_settings = OpsSettings.quick_preset(seed=seed) if quick else OpsSettings(seed=seed)
+            ops_settings = (OpsSettings.quick_preset(seed=seed, light_requests=light_requests) if quick
+                            else OpsSettings(seed=seed, light_requests=light_requests))
             if phase_seconds is not None:
                 ops_settings = replace(ops_settings, step_seconds=phase_seconds)
             try:
@@ -50,7 +54,8 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
                 raise typer.Exit(2) from None
             raise typer.Exit(0 if report["passed"] else 1)
         try:
-            settings = DemoSettings.quick_preset(seed=seed) if quick else DemoSettings(seed=seed)
+            settings = (DemoSettings.quick_preset(seed=seed, light_requests=light_requests) if quick
+                        else DemoSettings(seed=seed, light_requests=light_requests))
             if phase_seconds is not None:
                 settings = replace(settings, phase_seconds=phase_seconds)
         except InvalidInputError as exc:

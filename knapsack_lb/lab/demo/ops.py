@@ -55,7 +55,7 @@ from adapters.haproxy import parse_server_errors
 from knapsack_lb.config import KlbConfig, parse_config
 from knapsack_lb.controller.core import is_solved
 from knapsack_lb.lab.demo.runner import controller_snapshot, run_loadgen
-from knapsack_lb.lab.demo.settings import DemoSettings
+from knapsack_lb.lab.demo.settings import DemoSettings, probe_spec
 from knapsack_lb.lab.demo.settle import SettleWatch
 from knapsack_lb.lab.demo.testbed import VIP, DemoTestbed
 from knapsack_lb.lab.testbed.lb_haproxy import BACKEND
@@ -89,6 +89,7 @@ class OpsSettings:
     settle_seconds: float = 20.0
     probe_requests: int = 5  # the probe budget: a physical input (5 per 2 s is 6 % of the 0.4 DIP)
     probe_interval: float = 2.0
+    light_requests: int = 0  # light requests per DIP per round to the emulators' GET /light (0: not sent)
     controller_interval: float = 2.0
     drain_time: float = 1.0  # mode http: HAProxy places each request, old connections do not hold the split
     seed: int = 1
@@ -108,6 +109,7 @@ class OpsSettings:
                             load=self.request_rate / total, connections=self.connections,
                             connection_lifetime=5.0, client_timeout=self.client_timeout,
                             probe_requests=self.probe_requests, probe_interval=self.probe_interval,
+                            light_requests=self.light_requests,
                             controller_interval=self.controller_interval, drain_time=self.drain_time,
                             settle_seconds=self.settle_seconds, seed=self.seed)
 
@@ -152,8 +154,7 @@ class OpsTour:
             "load_balancers": {"haproxy": {"adapter": "haproxy", "settings": tb.lb.adapter_settings}},
             "vips": [{
                 "name": VIP, "objective": "mean", "adapter": {"lb": "haproxy"},
-                "probe": {"path": "/probe", "requests_per_round": s.probe_requests, "interval": s.probe_interval,
-                          "timeout": 2.0},
+                "probe": probe_spec(s.demo_settings(), timeout=2.0),
                 "dips": [{"name": n, "address": a} for n, a in tb.backends.items() if n != s.added],
             }],
             "controller": {"loop": {"interval": s.controller_interval, "measurement_max_age": 4 * s.probe_interval},

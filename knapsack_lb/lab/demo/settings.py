@@ -17,6 +17,8 @@ from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.lab.demo.settle import plan_cycle, settle_window
 
 DEFAULT_CAPACITIES = (1.0, 1.0, 0.8, 0.8, 0.6, 0.6)
+LIGHT_WORK = 0.01  # an emulator's GET /light does this share of its mean request's work
+LIGHT_PATH = "/light"
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class DemoSettings:
     probe_requests: int = 5  # probe requests per DIP per round (sequential, one connection)
     probe_interval: float = 2.0  # seconds between probe rounds
     controller_interval: float = 2.0  # seconds between controller steps
+    light_requests: int = 0  # light requests per DIP per round to the emulators' GET /light (0: not sent)
     drain_time: float = 9.0  # controller trusts rounds this long after a weight change: the longest
     # connection lifetime, so old connections have finished (section 4.7)
     seed: int = 1
@@ -58,6 +61,7 @@ class DemoSettings:
             "learn_max_seconds": 5 <= self.learn_max_seconds <= 3600,
             "settle_seconds": 0 <= self.settle_seconds <= 3600,
             "probe_requests": 1 <= self.probe_requests <= 1000,
+            "light_requests": 0 <= self.light_requests <= 1000,
             "probe_interval": 0.2 <= self.probe_interval <= 60,
             "controller_interval": 0.2 <= self.controller_interval <= 60,
             "drain_time": 0 <= self.drain_time <= 600,
@@ -101,8 +105,9 @@ class DemoSettings:
 
     @property
     def probe_load_share(self) -> float:
-        """Work the probes add, as a fraction of the pool's capacity."""
-        probe_rate = len(self.capacities) * self.probe_requests / self.probe_interval
+        """Work the probes add, as a fraction of the pool's capacity (light requests at their work)."""
+        per_round = self.probe_requests + self.light_requests * LIGHT_WORK
+        probe_rate = len(self.capacities) * per_round / self.probe_interval
         return probe_rate / self.total_capacity
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,3 +120,13 @@ class DemoSettings:
             connection_replacement_rate=self.connections / self.connection_lifetime,
         )
         return data
+
+
+def probe_spec(settings: DemoSettings, timeout: float) -> dict[str, Any]:
+    """The VIP's ``probe`` section: the demo's probe budget, and its light requests when it sends any."""
+    spec: dict[str, Any] = {"path": "/probe", "requests_per_round": settings.probe_requests,
+                            "interval": settings.probe_interval, "timeout": timeout}
+    if settings.light_requests:
+        spec.update(light_path=LIGHT_PATH, light_requests_per_round=settings.light_requests)
+    return spec
+

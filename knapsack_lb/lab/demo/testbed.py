@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from knapsack_lb.config import KlbConfig, parse_config
-from knapsack_lb.lab.demo.settings import DemoSettings
+from knapsack_lb.lab.demo.settings import DemoSettings, probe_spec
 from knapsack_lb.lab.procs import ManagedProcess, RedisServer, free_listening_port
 from knapsack_lb.lab.testbed.lb_envoy import EnvoyTestbed
 from knapsack_lb.lab.testbed.lb_haproxy import BACKEND, HAProxyTestbed
@@ -169,8 +169,7 @@ class DemoTestbed:
                 "name": VIP,
                 "objective": "mean",
                 "paused": True,  # the baseline phases run first; the runner unpauses it to learn
-                "probe": {"path": "/probe", "requests_per_round": s.probe_requests, "interval": s.probe_interval,
-                          "timeout": 2.0},
+                "probe": probe_spec(s, timeout=2.0),
                 "adapter": {"lb": self.lb_kind},
                 "dips": [{"name": n, "address": a} for n, a in self.backends.items()],
             }],

@@ -17,7 +17,7 @@ from knapsack_lb.lab.demo.report import (
     summary_lines,
     write_report,
 )
-from knapsack_lb.lab.demo.settings import DemoSettings
+from knapsack_lb.lab.demo.settings import DemoSettings, probe_spec
 
 
 def test_settings_rates_and_probe_share() -> None:
@@ -27,10 +27,17 @@ def test_settings_rates_and_probe_share() -> None:
     assert s.probe_load_share == pytest.approx(6 * 5 / 2 / 240)
     quick = DemoSettings.quick_preset(seed=7)
     assert quick.quick and quick.seed == 7 and quick.phase_seconds < s.phase_seconds
+    # light requests are 1 % of a request's work each, and the VIP names the emulators' light URL only with them
+    light = DemoSettings(light_requests=50)
+    assert light.probe_load_share == pytest.approx(6 * (5 + 50 * 0.01) / 2 / 240)
+    assert "light_path" not in probe_spec(s, timeout=2.0)
+    assert probe_spec(light, timeout=2.0) == {"path": "/probe", "requests_per_round": 5, "interval": 2.0,
+                                              "timeout": 2.0, "light_path": "/light", "light_requests_per_round": 50}
 
 
 @pytest.mark.parametrize("field,value", [("load", 1.2), ("connections", 0), ("capacities", (1.0,)),
-                                         ("distribution", "uniform"), ("warmup_seconds", 100.0)])
+                                         ("distribution", "uniform"), ("warmup_seconds", 100.0),
+                                         ("light_requests", -1)])
 def test_settings_reject_bad_values_naming_the_field(field: str, value: object) -> None:
     with pytest.raises(InvalidInputError) as info:
         DemoSettings(**{field: value})  # type: ignore[arg-type]
