@@ -1389,6 +1389,19 @@ class VipController:
         return ({**wider, **{n: self._limit(n, wider[n] * stretch) for n in names}},
                 f"{loosest}stretched x{stretch:.3f}")
 
+    def _ramps_leave_no_room(self, names: list[str], pins: Mapping[str, float], solved: Mapping[str, float],
+                             ramp: Mapping[str, float], limits: Mapping[str, float], held: Mapping[str, float],
+                             spare: float) -> bool:
+        """Whether slow start holds a returning DIP below its solved share while the others' caps (the
+        learner's, stretched or not) carry the rest with less room than a stretch leaves the solver
+        (``STRETCH_FREEDOM``): the solver would then have to fill every other cap, the one of a DIP seen at
+        its knee too. The stretch counted the returning DIP's room, which its ramp does not let it take;
+        on the live day-2 tour a drain filled a 0.4-capacity DIP to its asymptote that way (104 % busy)."""
+        if not self._estimating or not any(solved.get(n, 0.0) > cap for n, cap in ramp.items() if n not in pins):
+            return False
+        room = sum(limits[n] for n in names if n not in held and n not in pins)
+        return room * (1 - self.settings.rails.overload_headroom) < spare * STRETCH_FREEDOM - 1e-9
+
     def _widen_for_ramps(self, names: list[str], total: float, pins: Mapping[str, float], objective: str,
                          solved: Mapping[str, float], ramp: Mapping[str, float], limits: Mapping[str, float],
                          held: Mapping[str, float], spare: float) -> tuple[dict[str, float], str] | None:
@@ -1619,12 +1632,19 @@ class VipController:
         ramp: dict[str, float] | None = None
         if method not in (PlanMethod.EQUAL_SPLIT, PlanMethod.CAPACITY_PROPORTIONAL, PlanMethod.KEPT):
             ramp = self._ramp_caps(now, solved, ready)
+            held = {n: min(solved.get(n, 0.0), cap) for n, cap in ramp.items()}
+            spare = free_total - sum(held.values()) - sum(w for n, w in pins.items() if n in ready)
+            cramped = self._ramps_leave_no_room(ready, pins, solved, ramp, limits, held, spare)
+            widened = (self._widen_for_ramps(ready, free_total, pins, objective, solved, ramp, limits, held, spare)
+                       if cramped else None)
             try:
-                solved = self._hold_ramps(ready, free_total, pins, objective, solved, ramp, limits)
+                if widened is None:
+                    solved = self._hold_ramps(ready, free_total, pins, objective, solved, ramp, limits)
+                else:
+                    solved, how = widened
+                    reasons = [*reasons, f"returning DIPs ramp up: the others' caps {how}, placed by their curves"]
             except (KnapsackLBError, ValueError, ArithmeticError):
                 # the others' w_max cannot carry what the ramps hold back: over capacity until they are up
-                held = {n: min(solved.get(n, 0.0), cap) for n, cap in ramp.items()}
-                spare = free_total - sum(held.values()) - sum(w for n, w in pins.items() if n in ready)
                 widened = self._widen_for_ramps(ready, free_total, pins, objective, solved, ramp, limits, held, spare)
                 if widened is not None:
                     solved, how = widened

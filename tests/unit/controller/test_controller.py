@@ -317,6 +317,26 @@ def test_caps_that_cannot_carry_the_vip_are_relaxed_by_each_dips_own_uncertainty
     assert any("stretched x1.471" in r for r in stretched.reasons), stretched.reasons
 
 
+def test_what_a_returning_dips_ramp_holds_back_is_placed_with_room_to_choose() -> None:
+    """The caps (0.25, 0.25, 0.2 and the returning ``back``'s 0.1) cannot carry the VIP: stretched by
+    one factor to carry 1.25 of it, ``a`` and ``b`` may take 0.39 each and ``small`` its asymptote's
+    0.3. Slow start then holds ``back`` at the minimum weight, and the others must carry 0.998 within
+    1.08: without room ``small`` took the rest, 0.22 of the VIP where it saturates at 0.3. Widened again
+    for what the ramp holds back, the solver places it by the curves and ``small`` stays far below."""
+    ctl = VipController("vip", ["a", "b", "small", "back"], FAST)
+    for name, saturation, cap in (("a", 2.0, 0.25), ("b", 2.0, 0.25), ("small", 0.3, 0.2), ("back", 2.0, 0.1)):
+        dip = ctl.dips[name]
+        dip.measuring = None
+        dip.curve = QueueingCurve(0.0, 0.001, saturation).to_dict()
+        dip.w_max = cap
+    ctl.dips["back"].returned_at = 5.0
+    plan = ctl.step(5.0, {})
+    assert plan is not None and "over-capacity" not in plan.flags
+    assert plan.weights["back"] == pytest.approx(ctl.settings.rails.min_weight)
+    assert plan.weights["small"] < 0.15, plan.weights
+    assert any("returning DIPs ramp up" in r and "placed by their curves" in r for r in plan.reasons), plan.reasons
+
+
 def test_drain_time_is_measured_and_waited_out() -> None:
     """With an 8 s drain lag the controller measures a drain time of 10 s (two 5 s probe rounds) and
     still learns curves that land near the oracle."""
