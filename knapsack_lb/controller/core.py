@@ -1393,14 +1393,15 @@ class VipController:
                              ramp: Mapping[str, float], limits: Mapping[str, float], held: Mapping[str, float],
                              spare: float) -> bool:
         """Whether slow start holds a returning DIP below its solved share while the others' caps (the
-        learner's, stretched or not) carry the rest with less room than a stretch leaves the solver
+        learner's, stretched or not) carry the rest, but with less room than a stretch leaves the solver
         (``STRETCH_FREEDOM``): the solver would then have to fill every other cap, the one of a DIP seen at
         its knee too. The stretch counted the returning DIP's room, which its ramp does not let it take;
         on the live day-2 tour a drain filled a 0.4-capacity DIP to its asymptote that way (104 % busy)."""
         if not self._estimating or not any(solved.get(n, 0.0) > cap for n, cap in ramp.items() if n not in pins):
             return False
-        room = sum(limits[n] for n in names if n not in held and n not in pins)
-        return room * (1 - self.settings.rails.overload_headroom) < spare * STRETCH_FREEDOM - 1e-9
+        headroom = 1 - self.settings.rails.overload_headroom
+        room = sum(limits[n] for n in names if n not in held and n not in pins) * headroom
+        return spare - 1e-9 <= room < spare * STRETCH_FREEDOM - 1e-9  # less: over capacity, which the solver says
 
     def _widen_for_ramps(self, names: list[str], total: float, pins: Mapping[str, float], objective: str,
                          solved: Mapping[str, float], ramp: Mapping[str, float], limits: Mapping[str, float],
