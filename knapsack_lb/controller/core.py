@@ -1396,7 +1396,7 @@ class VipController:
         learner's, stretched or not) carry the rest, but with less room than a stretch leaves the solver
         (``STRETCH_FREEDOM``): the solver would then have to fill every other cap, the one of a DIP seen at
         its knee too. The stretch counted the returning DIP's room, which its ramp does not let it take;
-        on the live day-2 tour a drain filled a 0.4-capacity DIP to its asymptote that way (104 % busy)."""
+        on the live day-2 tour a drain filled a 0.4-capacity DIP to its asymptote that way (102 % busy)."""
         if not self._estimating or not any(solved.get(n, 0.0) > cap for n, cap in ramp.items() if n not in pins):
             return False
         headroom = 1 - self.settings.rails.overload_headroom

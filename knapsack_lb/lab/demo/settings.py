@@ -129,4 +129,3 @@ def probe_spec(settings: DemoSettings, timeout: float) -> dict[str, Any]:
     if settings.light_requests:
         spec.update(light_path=LIGHT_PATH, light_requests_per_round=settings.light_requests)
     return spec
-
