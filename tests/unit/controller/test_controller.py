@@ -16,7 +16,7 @@ from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.curves import QueueingCurve
 from knapsack_lb.errors import SolverError
 from knapsack_lb.lab.fluid import FluidModel
-from knapsack_lb.model import Measurement, PlanFlag
+from knapsack_lb.model import Measurement, PlanFlag, ProbeSpec
 
 from .loop import ALGORITHM1, FAST, Loop, small_pool, vip_config
 
@@ -335,6 +335,16 @@ def test_what_a_returning_dips_ramp_holds_back_is_placed_with_room_to_choose() -
     assert plan.weights["back"] == pytest.approx(ctl.settings.rails.min_weight)
     assert plan.weights["small"] < 0.15, plan.weights
     assert any("returning DIPs ramp up" in r and "placed by their curves" in r for r in plan.reasons), plan.reasons
+
+
+def test_light_requests_cost_probes_and_a_dip_not_read_yet_costs_the_dearest_read() -> None:
+    """50 light requests a round at 1 % and 4 % of a probe's work cost 0.5 and 2 probes; ``c``, whose
+    light requests were not read yet, is counted at the dearest of its VIP. No light URL: nothing."""
+    ctl = VipController("vip", ["a", "b", "c"], FAST)
+    ctl.light_costs = {"a": 0.01, "b": 0.04}
+    light = vip_config(["a", "b", "c"], probe=ProbeSpec(light_path="/light", light_requests_per_round=50))
+    assert [d.light for d in ctl.probe_uncertainty(light, 100.0)] == pytest.approx([0.5, 2.0, 2.0])
+    assert [d.light for d in ctl.probe_uncertainty(vip_config(["a", "b", "c"]), 100.0)] == [0.0, 0.0, 0.0]
 
 
 def test_drain_time_is_measured_and_waited_out() -> None:
