@@ -1645,8 +1645,11 @@ class VipController:
                     solved, how = widened
                     reasons = [*reasons, f"returning DIPs ramp up: the others' caps {how}, placed by their curves"]
             except (KnapsackLBError, ValueError, ArithmeticError):
-                # the others' w_max cannot carry what the ramps hold back: over capacity until they are up
-                widened = self._widen_for_ramps(ready, free_total, pins, objective, solved, ramp, limits, held, spare)
+                # the others' w_max cannot carry what the ramps hold back: over capacity until they are up (widened
+                # already when cramped, and it failed)
+                if not cramped:
+                    widened = self._widen_for_ramps(ready, free_total, pins, objective, solved, ramp, limits, held,
+                                                    spare)
                 if widened is not None:
                     solved, how = widened
                     reasons = [*reasons, f"over capacity while returning DIPs ramp up: the others' caps {how}, "
