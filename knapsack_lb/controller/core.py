@@ -73,6 +73,7 @@ from knapsack_lb.controller.estimation import (
     estimate,
     light_latency,
     mean_lower_bound,
+    own_prior,
     pool_prior,
     pooled,
     probe_spread,
@@ -814,7 +815,7 @@ class VipController:
         for dip in live:
             if not dip.evidence:
                 continue
-            est = estimate(dip.evidence, prior, z=z, tolerance=s.measurement.trust_tolerance,
+            est = estimate(dip.evidence, own_prior(prior, dip.unloaded), z=z, tolerance=s.measurement.trust_tolerance,
                            drop_factor=s.measurement.drop_latency_factor,
                            failure_share=s.measurement.drop_failure_share, floor=self._floor(dip, len(live)),
                            spread=self.round_spread,
@@ -934,6 +935,8 @@ class VipController:
         dip.curve, dip.model, dip.w_max, dip.l0, dip.fitted_at = est.curve.to_dict(), "utilisation", cap, est.s, now
         dip.relaxed = relaxed
         dip.ceiling = est.ceiling
+        if est.unloaded is not None:
+            dip.unloaded = est.unloaded
         dip.points = [(e.weight, e.mean) for e in dip.evidence if e.n > 0][-self.settings.fitting.max_points:]
         dip.fit_error = None
         if changed_cap or reasons:

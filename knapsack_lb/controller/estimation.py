@@ -328,6 +328,7 @@ class Estimate:
     dispersion: float = 1.0
     relaxed: tuple[float, ...] = ()
     ceiling: float = math.inf
+    unloaded: float | None = None  # what the DIP's own rounds tell of its unloaded latency (:func:`own_unloaded`)
 
     @property
     def s(self) -> float:
@@ -426,7 +427,7 @@ def _judge_shapes(fits: Sequence[ShapeFit], points: int, z: float) -> _ShapeVerd
 
 
 def _points_and_fits(ws: list[float], ls: list[float], vs: list[float], prior: float | None,
-                     ) -> tuple[list[float], list[float], list[float], list[ShapeFit]]:
+                     ) -> tuple[list[float], list[float], list[float], list[ShapeFit], list[ShapeFit]]:
     """The points to fit and their shape fits: a DIP's own points, joined by the pool's prior on the
     unloaded latency (at weight 0) always when they sit at one weight (they cannot tell ``s`` from
     the knee), else unless they reject it - the best fit's chi-square rises by more than
@@ -434,17 +435,40 @@ def _points_and_fits(ws: list[float], ls: list[float], vs: list[float], prior: f
     weight apart (a refit after a change, or rounds at a settled split) otherwise fit a line through
     noise: a DIP that carried a third of the VIP at its unloaded latency came out with ``s = 0.8 ms``
     and a cap of a fifth of that. A DIP whose own points at distinct loads say its unloaded latency
-    is not the pool's keeps its own."""
+    is not the pool's keeps its own. The last list is the own points' fits (empty at one weight)."""
     own = shape_fits(np.asarray(ws), np.asarray(ls), np.asarray(vs))
     if prior is None or not ws:
-        return ws, ls, vs, own
+        return ws, ls, vs, own, own
     jw, jl, jv = [0.0, *ws], [prior, *ls], [(PRIOR_SPREAD * prior) ** 2, *vs]
     joined = shape_fits(np.asarray(jw), np.asarray(jl), np.asarray(jv))
     if own:
         best_own = min(f.chi2 for f in own)
         if min(f.chi2 for f in joined) - best_own > PLAUSIBLE_CHI2 * _dispersion(best_own, len(ws)):
-            return ws, ls, vs, own
-    return jw, jl, jv, joined
+            return ws, ls, vs, own, own
+    return jw, jl, jv, joined, own
+
+
+def own_unloaded(fits: Sequence[ShapeFit], points: int, z: float) -> float | None:
+    """The unloaded latency a DIP's own rounds at distinct loads tell (``fits``, without the pool's
+    prior), when they tell it at least as precisely as a light latency is pooled to
+    (``LIGHT_PRECISION`` on the best shape's intercept, scaled by the fit's dispersion); the highest
+    of the plausible shapes' (the one least below the pool's prior). None otherwise: rounds a few
+    percent of weight apart fit a line through noise, and its intercept can be anything.
+
+    The controller keeps it across the relearning that drops a DIP's older rounds (a capacity or a
+    traffic change, :attr:`~knapsack_lb.controller.state.DipState.unloaded`): section 4.5 of
+    KnapsackLB models both changes as a scaling of the curve's weight axis, so the unloaded latency
+    stays. Without it a DIP relearned from rounds at one weight took the pool's prior, which in a
+    settled pool is a loaded latency (the lowest of rounds at the operating points): an 8-vCPU DIP
+    with a 7 ms unloaded latency took 17 ms, read its 96 %-busy latency as half busy, and kept that
+    share for the rest of the run (the fluid dynamics, 14 % above the oracle)."""
+    if not fits:
+        return None
+    shapes = _judge_shapes(fits, points, z)
+    best = shapes.best
+    if best.alpha <= 0 or math.sqrt(max(best.var_alpha, 0.0) * shapes.dispersion) > LIGHT_PRECISION * best.alpha:
+        return None
+    return max(1.0 / f.alpha for f in shapes.plausible if f.alpha > 0)
 
 
 def estimate(
@@ -480,7 +504,8 @@ def estimate(
     bins = by_weight([r for r in rounds if r.n > 0 and (r.weight <= 0 or r not in drops)], tolerance)
     ws, ls = [b.weight for b in bins], [b.mean for b in bins]
     vs = [max(b.stderr, MODEL_ERROR * b.mean) ** 2 + (spread * b.mean) ** 2 / b.rounds for b in bins]
-    ws, ls, vs, fits = _points_and_fits(ws, ls, vs, prior)
+    own_points = len(ws)
+    ws, ls, vs, fits, own = _points_and_fits(ws, ls, vs, prior)
     drop_weights = [r.weight for r in drops if r.weight > 0]
     w_drop = min(drop_weights, default=math.inf)
     # a weight that overloaded the DIP: back off below it, to half of it or the last clean weight under it
@@ -510,7 +535,7 @@ def estimate(
     curve = curve_from_fit(shapes.best, w_arr, None, saturation=max(saturation, low * 1.01, top * 1.01, 1e-6)
                            if math.isfinite(saturation) else None)
     return Estimate(curve, saturation, low, overloaded, len(bins), shapes.dispersion, relaxed,
-                    min(shapes.high(z), w_drop))
+                    min(shapes.high(z), w_drop), own_unloaded(own, own_points, z))
 
 
 def disagreement(r: RoundEvidence, curve: LatencyCurve, *, z: float, threshold: float, failure_share: float,
@@ -574,6 +599,15 @@ def change_direction(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z:
     if len(found) != 1 or not found <= {1, -1}:
         return 0
     return found.pop() or 0
+
+
+def own_prior(pool: float | None, unloaded: float | None) -> float | None:
+    """A DIP's prior on its unloaded latency: the lower of the pool's (:func:`pool_prior`) and what its
+    own rounds told before (:func:`own_unloaded`); either when the other is not known. The lower one:
+    a DIP back on a slower host then reads as busier than it is and grows by the bounded step until
+    its own rounds reject the prior, where the higher one would read it as idler."""
+    known = [v for v in (pool, unloaded) if v is not None]
+    return min(known) if known else None
 
 
 def pool_prior(lowest: Sequence[float]) -> float | None:

@@ -8,6 +8,7 @@ import random
 import statistics
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from knapsack_lb.controller.estimation import (
@@ -24,6 +25,8 @@ from knapsack_lb.controller.estimation import (
     estimate,
     is_overload,
     light_latency,
+    own_prior,
+    own_unloaded,
     pool_prior,
     pooled,
     probe_spread,
@@ -31,6 +34,7 @@ from knapsack_lb.controller.estimation import (
     seen_under_load,
     unloaded_latency,
 )
+from knapsack_lb.curves.utilisation import shape_fits
 from knapsack_lb.curves import curve_from_dict
 from knapsack_lb.curves.utilisation import UtilisationCurve
 from knapsack_lb.lab.fluid import erlang_c
@@ -498,3 +502,34 @@ def test_a_dips_own_rounds_at_distinct_loads_overrule_the_pools_prior() -> None:
     est = estimate(rounds, 0.010, **KW, floor=0.06)
     assert est is not None and est.s == pytest.approx(0.025, rel=0.01)
     assert est.saturation == pytest.approx(0.333, rel=0.02)
+
+
+def test_a_dips_own_rounds_at_distinct_loads_tell_its_unloaded_latency_and_close_ones_do_not() -> None:
+    """An M/M/1 DIP (10 ms unloaded, saturation 0.5) seen precisely at 0.1, 0.25 and 0.4 tells its
+    unloaded latency; three noisy rounds a few percent of weight apart (the line through noise) tell none."""
+    rounds = [_round(i, w, 0.010 / (1 - w / 0.5), n=400) for i, w in enumerate((0.1, 0.25, 0.4))]
+    est = estimate(rounds, 0.030, **KW)
+    assert est is not None and est.unloaded == pytest.approx(0.010, rel=0.02)
+    cv = 1 / math.sqrt(20)
+    close = [(0.315, 0.0081), (0.328, 0.0150), (0.314, 0.0090)]
+    fits = shape_fits(np.asarray([w for w, _ in close]), np.asarray([m for _, m in close]),
+                      np.asarray([(cv * m) ** 2 for _, m in close]))
+    assert own_unloaded(fits, len(close), Z) is None
+    noisy = estimate([_round(t, w, m, n=20, cv=cv) for t, (w, m) in enumerate(close)], 0.010, **KW)
+    assert noisy is not None and noisy.unloaded is None
+
+
+def test_a_dip_seen_at_one_weight_is_judged_by_its_own_unloaded_latency_when_the_pools_is_higher() -> None:
+    """An M/M/1 DIP of 10 ms unloaded at 0.8 of its capacity (weight 0.2, saturation 0.25) relearned
+    from rounds at that one weight: the pool's prior of 25 ms (a settled pool's lowest rounds are
+    loaded ones) reads it as half busy, its saturation at 0.4, and its loosest cap grows past the
+    weight it carries; the DIP's own unloaded latency, the lower of the two, puts the saturation at
+    0.25 and every cap below it. Either prior stands when the other is not known."""
+    rounds = [_round(t, 0.2, 0.010 / (1 - 0.8), n=100) for t in range(4)]
+    pools = estimate(rounds, 0.025, **KW)
+    own = estimate(rounds, own_prior(0.025, 0.010), **KW)
+    assert pools is not None and own is not None
+    assert pools.saturation == pytest.approx(0.4, rel=0.01) and pools.relaxed[-1] > 0.2
+    assert own.saturation == pytest.approx(0.25, rel=0.01) and max(own.cap, *own.relaxed) < 0.25
+    assert own_prior(0.010, 0.025) == 0.010
+    assert own_prior(None, 0.012) == 0.012 and own_prior(0.012, None) == 0.012 and own_prior(None, None) is None
