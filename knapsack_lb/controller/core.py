@@ -1088,6 +1088,19 @@ class VipController:
             return self._challenge(now, live, pins, self._objective(config))
         return plan
 
+    def _explores(self, weights: Mapping[str, float]) -> bool:
+        """Whether a plan takes some DIP past every weight it was seen at (beyond ``trust_tolerance``):
+        that is how the learner's bounded step learns a DIP far below its knee, and a small DIP's step
+        is smaller than ``LEARNED_CHANGE`` - left unsent, it held a returned 4-vCPU DIP at a third of
+        its share for the rest of a run (its cap grew to 0.0145 from 0.0127, the plan never moved)."""
+        tolerance = self.settings.measurement.trust_tolerance
+        for name, weight in weights.items():
+            dip = self.dips.get(name)
+            seen = [e.weight for e in dip.evidence] if dip is not None else []
+            if seen and weight > max(seen) and not same_weight(weight, max(seen), tolerance):
+                return True
+        return False
+
     def _objective(self, config: VipConfig | None) -> str:
         """The VIP's objective, else the solver settings' default."""
         return config.objective if config is not None else self.settings.solver.objective
@@ -1687,7 +1700,8 @@ class VipController:
             # refitted curves that move no weight noticeably, or nothing learned and nothing left to move (the
             # start restated every tick until a curve is usable): the LB keeps the plan it has
             epsilon = PLAN_CHANGE_EPSILON if start else LEARNED_CHANGE
-            if _same_weights(self.plan.weights, {n: weights.get(n, 0.0) for n in self.dips}, epsilon):
+            if _same_weights(self.plan.weights, {n: weights.get(n, 0.0) for n in self.dips}, epsilon) \
+                    and not self._explores(weights):
                 return None
         if start:
             reasons = [*reasons, start]

@@ -617,3 +617,19 @@ def test_a_dip_that_answers_no_probe_fails_while_the_split_is_still_moving(loop:
     assert loop.ctl.dips["c"].failed
     assert plan is not None and plan.weights["c"] == 0.0
     assert any(r.startswith("failure: c") for r in plan.reasons)
+
+
+def test_a_plan_that_takes_a_dip_past_every_weight_it_was_seen_at_is_sent_however_small_the_step(
+        loop: Loop) -> None:
+    """The learner's bounded step is how a DIP far below its knee learns; a small DIP's step is below
+    the change a refit must make to be sent, so a plan that takes a DIP past every weight it was seen
+    at (beyond the trust tolerance) counts as a change; one within the tolerance does not."""
+    for _ in range(8):
+        loop.tick()
+    ctl = loop.ctl
+    assert ctl.plan is not None
+    top = max(e.weight for e in ctl.dips["a"].evidence)
+    assert ctl._explores({**ctl.plan.weights, "a": top * 1.05})
+    assert not ctl._explores({**ctl.plan.weights, "a": top * 1.01})
+    assert not ctl._explores({n: min(w, max(e.weight for e in ctl.dips[n].evidence))
+                              for n, w in ctl.plan.weights.items()})
