@@ -653,6 +653,7 @@ class VipController:
                 if dip.failed:
                     dip.failed = False
                     dip.returned_at = now
+                    dip.back_since = m.time
                     self.detector.reset(name)
                     reasons.append(f"recovered: {name} answers probes again; "
                                    + ("slow start on its kept curve" if dip.ready else "measuring"))
@@ -891,11 +892,15 @@ class VipController:
     def _off_curve(self, dip: DipState, drop_level: float) -> int:
         """+1 (slower) or -1 (faster) when a DIP's newest rounds confirm a change against its curve
         (:func:`change_direction`: no faster verdict where the curve predicts ``drop_level`` or more);
-        0 without one, or without a learned curve to judge by."""
+        0 without one, or without a learned curve to judge by. Rounds from before the DIP's last
+        failure confirm nothing: it may have come back on another host, and a relearning that kept
+        one of them mixed two capacities (a DIP back at 0.75 of its capacity, fitted with its last
+        round from before, got a cap above its new saturation and a plan at 101 % of it)."""
         if dip.failed or dip.curve is None or dip.curve.get("kind") != "utilisation":
             return 0
         s = self.settings
-        return change_direction(dip.evidence, dip.curve_obj(), z=s.learning.confidence,
+        since_back = [e for e in dip.evidence if e.time >= dip.back_since]
+        return change_direction(since_back, dip.curve_obj(), z=s.learning.confidence,
                                 threshold=s.dynamics.capacity_change_threshold,
                                 failure_share=s.measurement.drop_failure_share,
                                 dispersion=1.0 if dip.returned_at is not None else dip.dispersion,
