@@ -1336,7 +1336,9 @@ class VipController:
         finished at the old curve's weight. The round is judged on its own noise (at least its DIP's
         pooled spread of one probe), not scaled by the fit's dispersion: the rounds that dispute a kept
         curve are the ones that inflate it (25x on the fluid dynamics' return phase), and a hold costs
-        one interval of the ramp, not the curve."""
+        one interval of the ramp, not the curve. A DIP back from a failure then forgets its rounds from
+        before it: a curve fitted on both hosts' rounds kept its old cap (two capacities mixed, a
+        dispersion of 2.6), and the ramp's next step took a DIP back at 0.75 of its capacity to 100 %."""
         s = self.settings
         reasons = []
         for name, m in trusted.items():
@@ -1350,19 +1352,28 @@ class VipController:
                                 threshold=s.dynamics.capacity_change_threshold,
                                 failure_share=s.measurement.drop_failure_share, spread=self.round_spread) == 1:
                 dip.returned_at = min(now, dip.returned_at + s.loop.interval)
+                dip.ramp_held_at = now
+                dip.evidence = [e for e in dip.evidence if e.time >= dip.back_since]
                 reasons.append(f"slow start held: {name} measured {evidence.mean * 1e3:.1f}ms at weight "
                                f"{evidence.weight:.3f}, above its curve")
         return reasons
 
     def _ramp_caps(self, now: float, solved: Mapping[str, float], live: Sequence[str]) -> dict[str, float]:
-        """Slow start: a returning DIP's cap rises linearly from ``min_weight`` to its solved weight."""
+        """Slow start: a returning DIP's cap rises linearly from ``min_weight`` to its solved weight; in a
+        step that held its ramp (:meth:`_hold_disputed_ramps`) it is not raised above what it carries.
+        Holding the ramp's clock alone still raised it when its solved share grew (the stretch for the
+        other returning DIP's hold): a DIP back at 0.75 of its capacity went on from 93 % to 101 % busy
+        on the step its 93 % round was seen above its curve."""
         s = self.settings.rails
         ramp: dict[str, float] = {}
         if s.slow_start > 0:
+            carried = self._carried()
             for name in live:
                 back = self.dips[name].returned_at
                 if back is not None and now - back < s.slow_start:
                     ramp[name] = s.min_weight + solved.get(name, 0.0) * (now - back) / s.slow_start
+                    if self.dips[name].ramp_held_at == now:
+                        ramp[name] = min(ramp[name], max(carried.get(name, 0.0), s.min_weight))
                 elif back is not None:
                     self.dips[name].returned_at = None
         return ramp

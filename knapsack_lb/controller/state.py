@@ -51,6 +51,7 @@ class DipState:
     failed: bool = False
     fail_rounds: int = 0
     returned_at: float | None = None
+    ramp_held_at: float = -math.inf  # the step its slow start was last held at (its weight not raised there)
     back_since: float = -math.inf  # its first round after its last failure: older rounds are another host's
     last_round: float = -math.inf  # the newest trusted round
     last_checked_round: float = -math.inf  # the newest round the failure check has seen (trusted or not)

@@ -580,7 +580,8 @@ def test_a_dip_that_returns_on_a_slower_host_holds_its_ramp_instead_of_climbing_
         settings: ControllerSettings) -> None:
     """``d`` (half the pool's cores) fails and comes back with half its capacity: its kept curve is
     wrong by 2x. Its ramp's rounds sit above that curve, so the ramp holds instead of climbing on
-    time alone to the old curve's weight, and no plan gives ``d`` more than it can serve."""
+    time alone to the old curve's weight: a plan that holds it does not raise it, and no plan gives
+    ``d`` more than it can serve. The learner keeps none of ``d``'s rounds from before its failure."""
     dips = small_pool()
     model = FluidModel(dips, total_rate=0.6 * sum(d.capacity for d in dips), seed=5)
     model.set_weights({d.name: 1.0 for d in dips}, 0.0)
@@ -599,6 +600,11 @@ def test_a_dip_that_returns_on_a_slower_host_holds_its_ramp_instead_of_climbing_
     plans = loop.plans[start:]
     assert any("slow start held: d" in r for p in plans for r in p.reasons)
     assert max(loop.model.utilisation(p.weights)["d"] for p in plans) < 1.0
+    for before, plan in itertools.pairwise(loop.plans[start - 1:]):
+        if any("slow start held: d" in r for r in plan.reasons):
+            assert plan.weights["d"] <= before.weights["d"] + 1e-9
+    dip = loop.ctl.dips["d"]
+    assert dip.back_since > -math.inf and all(e.time >= dip.back_since for e in dip.evidence)
 
 
 def test_a_dip_that_answers_no_probe_fails_while_the_split_is_still_moving(loop: Loop) -> None:
