@@ -66,7 +66,7 @@ class DipState:
     drained: bool = False  # the operator drains it: leaving the drain is a return (slow start)
     start_share: float | None = None  # the share the LB's own split gave it before the controller's first plan
     saturation_share: float | None = None  # where its light requests say it saturates (controller.light_rounds)
-    unloaded: float | None = None  # its unloaded latency as its own rounds told it (the learner; kept across relearning)
+    unloaded: float | None = None  # its unloaded latency as its own rounds told it (kept across relearning)
 
     @property
     def ready(self) -> bool:

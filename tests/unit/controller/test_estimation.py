@@ -34,9 +34,8 @@ from knapsack_lb.controller.estimation import (
     seen_under_load,
     unloaded_latency,
 )
-from knapsack_lb.curves.utilisation import shape_fits
 from knapsack_lb.curves import curve_from_dict
-from knapsack_lb.curves.utilisation import UtilisationCurve
+from knapsack_lb.curves.utilisation import UtilisationCurve, shape_fits
 from knapsack_lb.lab.fluid import erlang_c
 from knapsack_lb.model import Measurement
 from knapsack_lb.rounds import RoundSamples, summarise
