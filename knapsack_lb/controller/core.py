@@ -73,7 +73,6 @@ from knapsack_lb.controller.estimation import (
     estimate,
     light_latency,
     mean_lower_bound,
-    own_prior,
     pool_prior,
     pooled,
     probe_spread,
@@ -816,12 +815,12 @@ class VipController:
         for dip in live:
             if not dip.evidence:
                 continue
-            est = estimate(dip.evidence, own_prior(prior, dip.unloaded), z=z, tolerance=s.measurement.trust_tolerance,
+            est = estimate(dip.evidence, prior, z=z, tolerance=s.measurement.trust_tolerance,
                            drop_factor=s.measurement.drop_latency_factor,
                            failure_share=s.measurement.drop_failure_share, floor=self._floor(dip, len(live)),
                            spread=self.round_spread,
                            unloaded=unloaded_latency(reference, lights[dip.name]),
-                           under_load=seen_under_load(lights[dip.name], reference, z))
+                           under_load=seen_under_load(lights[dip.name], reference, z), remembered=dip.unloaded)
             if est is None:
                 continue
             reasons += self._take_estimate(dip, est, now)

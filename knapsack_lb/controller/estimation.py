@@ -427,7 +427,7 @@ def _judge_shapes(fits: Sequence[ShapeFit], points: int, z: float) -> _ShapeVerd
 
 
 def _points_and_fits(ws: list[float], ls: list[float], vs: list[float], prior: float | None,
-                     ) -> tuple[list[float], list[float], list[float], list[ShapeFit], list[ShapeFit]]:
+                     own: list[ShapeFit]) -> tuple[list[float], list[float], list[float], list[ShapeFit]]:
     """The points to fit and their shape fits: a DIP's own points, joined by the pool's prior on the
     unloaded latency (at weight 0) always when they sit at one weight (they cannot tell ``s`` from
     the knee), else unless they reject it - the best fit's chi-square rises by more than
@@ -435,17 +435,16 @@ def _points_and_fits(ws: list[float], ls: list[float], vs: list[float], prior: f
     weight apart (a refit after a change, or rounds at a settled split) otherwise fit a line through
     noise: a DIP that carried a third of the VIP at its unloaded latency came out with ``s = 0.8 ms``
     and a cap of a fifth of that. A DIP whose own points at distinct loads say its unloaded latency
-    is not the pool's keeps its own. The last list is the own points' fits (empty at one weight)."""
-    own = shape_fits(np.asarray(ws), np.asarray(ls), np.asarray(vs))
+    is not the pool's keeps its own. ``own``: the own points' shape fits (empty at one weight)."""
     if prior is None or not ws:
-        return ws, ls, vs, own, own
+        return ws, ls, vs, own
     jw, jl, jv = [0.0, *ws], [prior, *ls], [(PRIOR_SPREAD * prior) ** 2, *vs]
     joined = shape_fits(np.asarray(jw), np.asarray(jl), np.asarray(jv))
     if own:
         best_own = min(f.chi2 for f in own)
         if min(f.chi2 for f in joined) - best_own > PLAUSIBLE_CHI2 * _dispersion(best_own, len(ws)):
-            return ws, ls, vs, own, own
-    return jw, jl, jv, joined, own
+            return ws, ls, vs, own
+    return jw, jl, jv, joined
 
 
 def own_unloaded(fits: Sequence[ShapeFit], points: int, z: float) -> float | None:
@@ -483,6 +482,7 @@ def estimate(
     spread: float = 0.0,
     unloaded: float | None = None,
     under_load: bool = False,
+    remembered: float | None = None,
 ) -> Estimate | None:
     """Fit one DIP's rounds (see the module docstring); None when there is nothing to fit (no clean
     round and no prior). ``prior`` is the pool's estimate of the unloaded latency; ``floor`` is the
@@ -494,7 +494,10 @@ def estimate(
     pool's (:func:`pool_prior` of the DIPs' :func:`light_latency`) and its own; when None, that of
     ``prior`` and its own. The drop level is ``drop_factor`` times it. ``under_load``
     (:func:`seen_under_load`): the DIP's lightest rounds were taken under load, so a flat fit of
-    rounds at load takes no floor; rounds at (nearly) no load only still do."""
+    rounds at load takes no floor; rounds at (nearly) no load only still do. ``remembered``: what the
+    DIP's own rounds told of its unloaded latency before (:attr:`Estimate.unloaded` of an earlier
+    estimate); the prior is the lower of ``prior`` and what its rounds tell now, else that
+    (:func:`own_prior`), so that the same rounds always give the same estimate."""
     if not rounds:
         return None
     if unloaded is None:
@@ -504,8 +507,9 @@ def estimate(
     bins = by_weight([r for r in rounds if r.n > 0 and (r.weight <= 0 or r not in drops)], tolerance)
     ws, ls = [b.weight for b in bins], [b.mean for b in bins]
     vs = [max(b.stderr, MODEL_ERROR * b.mean) ** 2 + (spread * b.mean) ** 2 / b.rounds for b in bins]
-    own_points = len(ws)
-    ws, ls, vs, fits, own = _points_and_fits(ws, ls, vs, prior)
+    own = shape_fits(np.asarray(ws), np.asarray(ls), np.asarray(vs))
+    told = own_unloaded(own, len(ws), z)
+    ws, ls, vs, fits = _points_and_fits(ws, ls, vs, own_prior(prior, remembered if told is None else told), own)
     drop_weights = [r.weight for r in drops if r.weight > 0]
     w_drop = min(drop_weights, default=math.inf)
     # a weight that overloaded the DIP: back off below it, to half of it or the last clean weight under it
@@ -535,7 +539,7 @@ def estimate(
     curve = curve_from_fit(shapes.best, w_arr, None, saturation=max(saturation, low * 1.01, top * 1.01, 1e-6)
                            if math.isfinite(saturation) else None)
     return Estimate(curve, saturation, low, overloaded, len(bins), shapes.dispersion, relaxed,
-                    min(shapes.high(z), w_drop), own_unloaded(own, own_points, z))
+                    min(shapes.high(z), w_drop), told)
 
 
 def disagreement(r: RoundEvidence, curve: LatencyCurve, *, z: float, threshold: float, failure_share: float,

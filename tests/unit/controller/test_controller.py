@@ -639,3 +639,21 @@ def test_a_plan_that_takes_a_dip_past_every_weight_it_was_seen_at_is_sent_howeve
     assert not ctl._explores({**ctl.plan.weights, "a": top * 1.01})
     assert not ctl._explores({n: min(w, max(e.weight for e in ctl.dips[n].evidence))
                               for n, w in ctl.plan.weights.items()})
+
+
+def test_a_step_without_rounds_changes_no_curve() -> None:
+    """A dry run steps the controller with no rounds; the curves it stores must stay as they are (the
+    same rounds give the same estimate: a DIP's own unloaded latency is read from them, not carried
+    one step behind, which changed b's and d's curves on the first step without rounds)."""
+    dips = small_pool()
+    model = FluidModel(dips, total_rate=0.7 * sum(d.capacity for d in dips), seed=3)
+    model.set_weights({d.name: 1.0 for d in dips}, 0.0)
+    loop = Loop(model, VipController("vip", [d.name for d in dips], FAST, rng=random.Random(1)))
+    for _ in range(12):
+        loop.tick()
+    assert any(d.unloaded is not None for d in loop.ctl.dips.values())
+    before = {r.dip: (r.curve, r.w_max) for r in loop.ctl.curve_records()}
+    for _ in range(2):
+        loop.now += loop.ctl.settings.loop.interval
+        loop.ctl.step(loop.now, {})
+    assert {r.dip: (r.curve, r.w_max) for r in loop.ctl.curve_records()} == before
