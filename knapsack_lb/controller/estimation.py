@@ -27,7 +27,8 @@ curve is learned:
   quartile of the DIPs' lowest latencies, +-``PRIOR_SPREAD``), so one round at the current split
   already gives a curve: the first plan is solved after one round. The prior stays until the DIP's
   own rounds reject it (:func:`_points_and_fits`): rounds a few percent of weight apart cannot tell
-  the unloaded latency from the knee.
+  the unloaded latency from the knee. Where a DIP's own rounds at distinct loads told its unloaded
+  latency, the lower of that and the pool's is its prior, through relearning too (:func:`own_prior`).
 * **Decisions on confidence bounds.** The weight a plan may give a DIP (its ``cap``, the solver's
   ``w_max``) is the lower confidence bound of ``c`` over every knee shape the data do not reject
   (``z`` standard errors, profile over ``k``), less the rails' headroom. A DIP whose latency has
