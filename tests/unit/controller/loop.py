@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from knapsack_lb.controller.core import VipController
@@ -69,6 +70,14 @@ class Loop:
 
 def small_pool() -> list[FluidDip]:
     return [FluidDip("a", 1, 100.0), FluidDip("b", 1, 70.0), FluidDip("c", 2, 100.0), FluidDip("d", 4, 110.0)]
+
+
+def small_pool_loop(settings: ControllerSettings, load: float = 0.7, seed: int = 5, **model: Any) -> Loop:
+    """The small pool at ``load`` of its capacity from the equal split, under ``settings``."""
+    dips = small_pool()
+    fluid = FluidModel(dips, total_rate=load * sum(d.capacity for d in dips), seed=seed, **model)
+    fluid.set_weights({d.name: 1.0 for d in dips}, 0.0)
+    return Loop(fluid, VipController("vip", [d.name for d in dips], settings, rng=random.Random(1)))
 
 
 def vip_config(names: list[str], **overrides: object) -> VipConfig:

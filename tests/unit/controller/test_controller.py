@@ -18,7 +18,7 @@ from knapsack_lb.errors import SolverError
 from knapsack_lb.lab.fluid import FluidModel
 from knapsack_lb.model import Measurement, PlanFlag, ProbeSpec
 
-from .loop import ALGORITHM1, FAST, Loop, small_pool, vip_config
+from .loop import ALGORITHM1, FAST, Loop, small_pool, small_pool_loop, vip_config
 
 
 def test_builds_curves_quickly_and_lands_near_the_oracle(algorithm1_loop: Loop) -> None:
@@ -350,18 +350,15 @@ def test_light_requests_cost_probes_and_a_dip_not_read_yet_costs_the_dearest_rea
 def test_drain_time_is_measured_and_waited_out() -> None:
     """With an 8 s drain lag the controller measures a drain time of 10 s (two 5 s probe rounds) and
     still learns curves that land near the oracle."""
-    dips = small_pool()
-    model = FluidModel(dips, total_rate=0.7 * sum(d.capacity for d in dips), drain_time=8.0, seed=5)
-    model.set_weights({d.name: 1.0 for d in dips}, 0.0)
-    loop = Loop(model, VipController("vip", [d.name for d in dips], ALGORITHM1, rng=random.Random(1)))
+    loop = small_pool_loop(ALGORITHM1, drain_time=8.0)
     loop.until_built(limit=120)
     assert loop.ctl.drain_time == pytest.approx(10.0)
     assert any("drain time measured" in r for p in loop.plans for r in p.reasons)
     for _ in range(12):
         loop.tick()
     assert loop.ctl.plan is not None
-    oracle = model.oracle().quality.mean_latency
-    assert model.quality(loop.ctl.plan.weights).mean_latency <= 1.05 * oracle
+    oracle = loop.model.oracle().quality.mean_latency
+    assert loop.model.quality(loop.ctl.plan.weights).mean_latency <= 1.05 * oracle
 
 
 def _fail_and_return(loop: Loop, name: str) -> list:
@@ -383,10 +380,7 @@ def _fail_and_return(loop: Loop, name: str) -> list:
 def test_a_returning_dips_ramp_never_pushes_the_others_past_their_w_max(load: float) -> None:
     """Slow start holds the returning DIP below its solved share; the solver, not a proportional
     hand-out, places what it may not take yet, so no other DIP goes past its measured limit."""
-    dips = small_pool()
-    model = FluidModel(dips, total_rate=load * sum(d.capacity for d in dips), seed=5)
-    model.set_weights({d.name: 1.0 for d in dips}, 0.0)
-    loop = Loop(model, VipController("vip", [d.name for d in dips], ALGORITHM1, rng=random.Random(1)))
+    loop = small_pool_loop(ALGORITHM1, load=load)
     ramp = [p for p in _fail_and_return(loop, "b") if "slow-start" in p.flags]
     assert ramp, "the returning DIP never ramped"
     # where the caps cannot carry the VIP (over capacity, or every cap stretched) w_max cannot hold by definition
@@ -400,10 +394,7 @@ def test_a_returning_dips_ramp_never_pushes_the_others_past_their_w_max(load: fl
 def test_a_ramp_steps_only_once_its_last_step_could_be_observed() -> None:
     """With a drain time every new plan makes the next rounds stale; a ramp that stepped every
     interval would leave the pool unobserved for the whole slow start."""
-    dips = small_pool()
-    model = FluidModel(dips, total_rate=0.7 * sum(d.capacity for d in dips), seed=5)
-    model.set_weights({d.name: 1.0 for d in dips}, 0.0)
-    loop = Loop(model, VipController("vip", [d.name for d in dips], ALGORITHM1, rng=random.Random(1)))
+    loop = small_pool_loop(ALGORITHM1)
     loop.ctl.drain_time = 10.0
     ramp = [p for p in _fail_and_return(loop, "b") if "slow-start" in p.flags]
     assert len(ramp) >= 2
@@ -437,10 +428,7 @@ def test_a_refresh_without_evidence_of_room_keeps_the_old_limit_and_stays_below_
 def test_a_small_pool_at_high_load_finishes_its_cold_start() -> None:
     """Every DIP measuring and their Algorithm 1 weights summing below 1: the rounds are scaled up
     and must count at the scaled weights, or the measurement never advances (it once looped forever)."""
-    dips = small_pool()
-    model = FluidModel(dips, total_rate=0.85 * sum(d.capacity for d in dips), seed=5)
-    model.set_weights({d.name: 1.0 for d in dips}, 0.0)
-    loop = Loop(model, VipController("vip", [d.name for d in dips], FAST, rng=random.Random(1)))
+    loop = small_pool_loop(FAST, load=0.85)
     loop.until_built(limit=60)
     assert all(d.ready for d in loop.ctl.dips.values())
 
@@ -542,10 +530,7 @@ def test_a_returning_dip_the_others_cannot_cover_for_is_covered_by_their_stretch
     must carry 100 % of their capacity, more than their learned caps allow. Their caps are stretched
     and the solver places the load by the curves (the 4-core DIP takes most), rather than in
     proportion to the caps."""
-    dips = small_pool()
-    model = FluidModel(dips, total_rate=0.75 * sum(d.capacity for d in dips), seed=5)
-    model.set_weights({d.name: 1.0 for d in dips}, 0.0)
-    loop = Loop(model, VipController("vip", [d.name for d in dips], FAST, rng=random.Random(1)))
+    loop = small_pool_loop(FAST, load=0.75)
     for _ in range(30):
         loop.tick()
     names = list("abcd")
@@ -582,10 +567,7 @@ def test_a_dip_that_returns_on_a_slower_host_holds_its_ramp_instead_of_climbing_
     wrong by 2x. Its ramp's rounds sit above that curve, so the ramp holds instead of climbing on
     time alone to the old curve's weight: a plan that holds it does not raise it, and no plan gives
     ``d`` more than it can serve. The learner keeps none of ``d``'s rounds from before its failure."""
-    dips = small_pool()
-    model = FluidModel(dips, total_rate=0.6 * sum(d.capacity for d in dips), seed=5)
-    model.set_weights({d.name: 1.0 for d in dips}, 0.0)
-    loop = Loop(model, VipController("vip", [d.name for d in dips], settings, rng=random.Random(1)))
+    loop = small_pool_loop(settings, load=0.6)
     loop.until_built(limit=120)
     for _ in range(6):
         loop.tick()
@@ -645,10 +627,7 @@ def test_a_step_without_rounds_changes_no_curve() -> None:
     """A dry run steps the controller with no rounds; the curves it stores must stay as they are (the
     same rounds give the same estimate: a DIP's own unloaded latency is read from them, not carried
     one step behind, which changed b's and d's curves on the first step without rounds)."""
-    dips = small_pool()
-    model = FluidModel(dips, total_rate=0.7 * sum(d.capacity for d in dips), seed=3)
-    model.set_weights({d.name: 1.0 for d in dips}, 0.0)
-    loop = Loop(model, VipController("vip", [d.name for d in dips], FAST, rng=random.Random(1)))
+    loop = small_pool_loop(FAST, seed=3)
     for _ in range(12):
         loop.tick()
     assert any(d.unloaded is not None for d in loop.ctl.dips.values())
