@@ -898,8 +898,7 @@ class VipController:
         if dip.failed or dip.curve is None or dip.curve.get("kind") != "utilisation":
             return 0
         s = self.settings
-        since_back = [e for e in dip.evidence if e.time >= dip.back_since]
-        return change_direction(since_back, dip.curve_obj(), z=s.learning.confidence,
+        return change_direction(dip.rounds_since_back(), dip.curve_obj(), z=s.learning.confidence,
                                 threshold=s.dynamics.capacity_change_threshold,
                                 failure_share=s.measurement.drop_failure_share,
                                 dispersion=1.0 if dip.returned_at is not None else dip.dispersion,
@@ -1098,10 +1097,9 @@ class VipController:
         is smaller than ``LEARNED_CHANGE`` - left unsent, it held a returned 4-vCPU DIP at a third of
         its share for the rest of a run (its cap grew to 0.0145 from 0.0127, the plan never moved)."""
         tolerance = self.settings.measurement.trust_tolerance
-        for name, weight in weights.items():
-            dip = self.dips.get(name)
-            seen = [e.weight for e in dip.evidence] if dip is not None else []
-            if seen and weight > max(seen) and not same_weight(weight, max(seen), tolerance):
+        for name, dip in self.dips.items():
+            weight, top = weights.get(name, 0.0), max((e.weight for e in dip.evidence), default=math.inf)
+            if weight > top and not same_weight(weight, top, tolerance):
                 return True
         return False
 
@@ -1352,7 +1350,7 @@ class VipController:
                                 failure_share=s.measurement.drop_failure_share, spread=self.round_spread) == 1:
                 dip.returned_at = min(now, dip.returned_at + s.loop.interval)
                 dip.ramp_held_at = now
-                dip.evidence = [e for e in dip.evidence if e.time >= dip.back_since]
+                dip.evidence = dip.rounds_since_back()
                 reasons.append(f"slow start held: {name} measured {evidence.mean * 1e3:.1f}ms at weight "
                                f"{evidence.weight:.3f}, above its curve")
         return reasons

@@ -608,7 +608,7 @@ def change_direction(rounds: Sequence[RoundEvidence], curve: LatencyCurve, *, z:
 
 def own_prior(pool: float | None, unloaded: float | None) -> float | None:
     """A DIP's prior on its unloaded latency: the lower of the pool's (:func:`pool_prior`) and what its
-    own rounds told before (:func:`own_unloaded`); either when the other is not known. The lower one:
+    own rounds tell (:func:`own_unloaded`, now or remembered); either when the other is not known. The lower one:
     a DIP back on a slower host then reads as busier than it is and grows by the bounded step until
     its own rounds reject the prior, where the higher one would read it as idler."""
     known = [v for v in (pool, unloaded) if v is not None]

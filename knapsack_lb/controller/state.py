@@ -72,6 +72,10 @@ class DipState:
     def ready(self) -> bool:
         return self.curve is not None and self.w_max > 0
 
+    def rounds_since_back(self) -> list[RoundEvidence]:
+        """Its rounds since its first one after its last failure (``back_since``): older ones are another host's."""
+        return [e for e in self.evidence if e.time >= self.back_since]
+
     def release(self) -> None:
         """Lift a rollback's hold (``held``): the plans it compared no longer say anything about this DIP."""
         self.held, self.held_until = None, -math.inf
