@@ -7,8 +7,9 @@ import math
 import pytest
 from scipy.optimize import brentq
 
+from knapsack_lb.errors import InvalidInputError
 from knapsack_lb.lab.fluid import FluidDip, FluidModel
-from knapsack_lb.sim.claims.knapsack import optimal_plans, optimal_split
+from knapsack_lb.sim.claims.knapsack import first_event, optimal_plans, optimal_split
 from knapsack_lb.sim.spec import Scenario, load_scenario
 
 
@@ -69,3 +70,16 @@ def test_sessions_run_at_the_rate_their_closed_loop_allows() -> None:
     expected = FluidModel(dips, total_rate=rate).oracle().weights
     assert optimal_split(sc) == pytest.approx(expected, abs=5e-3)  # one step from the bound, curves at 48 points
     assert optimal_split(sc)["slow"] < optimal_split(_two_mm1(0.7))["slow"]  # less load than open traffic's
+
+
+def test_the_rows_read_each_change_from_the_scenario_after_the_one_before_settled() -> None:
+    """The capacity row reads the drop, not the return after it; each experiment starts at least a
+    minute after the change before it (the returned DIPs' slow start and the next plans)."""
+    sc = load_scenario("knapsack-dynamics")
+    failure, slowdown, surge = (first_event(sc, "fail"), first_event(sc, "capacity", slower=True),
+                                first_event(sc, "traffic"))
+    restart = first_event(sc, "restart")
+    restored = max(e.at for e in sc.events if e.kind == "capacity")
+    assert failure < restart <= slowdown - 60 < restored <= surge - 60
+    with pytest.raises(InvalidInputError, match="events"):
+        first_event(sc.with_changes(events=[]), "traffic")

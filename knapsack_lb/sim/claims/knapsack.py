@@ -194,15 +194,29 @@ def _optimum_run(sc: Scenario, seed: int) -> SimResult:
     return run(sc.with_changes(dips=dips, events=sorted(events, key=lambda e: e["at"])), "weighted_round_robin", seed)
 
 
+def first_event(sc: Scenario, kind: str, slower: bool = False) -> float:
+    """When the scenario's first ``kind`` event happens (with ``slower``, the first capacity event that slows
+    DIPs). Raises :class:`InvalidInputError` naming ``events`` when it has none."""
+    for ev in sorted(sc.events, key=lambda e: e.at):
+        if ev.kind == kind and (not slower or (ev.speed is not None and ev.speed < 1.0)):
+            return ev.at
+    raise InvalidInputError("events", kind, "the dynamics rows need a failure, a capacity drop and a traffic change")
+
+
 def dynamics(seed: int) -> list[ClaimRow]:
+    """Each row reads the plan in force just before its change against the plan some seconds after it,
+    the change's time taken from the scenario's events (each starts from the steady state the one
+    before left, as the paper's experiments do)."""
     sc = time_scaled(load_scenario("knapsack-dynamics"), 4.0)
     result = run(sc, "knapsack", seed)
     plans = result.series["plans"]
     best = optimal_plans(sc)
     cmd = "klb sim run knapsack-dynamics --policy knapsack --json"
     rows = []
-    before = _weights_at(plans, 179.0)
-    after = _weights_at(plans, 200.0)
+    failure, slowdown, surge = (first_event(sc, "fail"), first_event(sc, "capacity", slower=True),
+                                first_event(sc, "traffic"))
+    before = _weights_at(plans, failure - 1)
+    after = _weights_at(plans, failure + 20)
     failed = ["ds3-1", "ds3-2"]
     gone = _group(after, "", failed)
     freed = _group(before, "", failed)
@@ -213,7 +227,7 @@ def dynamics(seed: int) -> list[ClaimRow]:
                 _group(a, "", larger) - _group(b, "", larger))
 
     small, big = shift(before, after)
-    best_small, best_big = shift(_weights_at(best, 179.0), _weights_at(best, 200.0))
+    best_small, best_big = shift(_weights_at(best, failure - 1), _weights_at(best, failure + 20))
     rows.append(
         ClaimRow(
             DOC,
@@ -227,11 +241,12 @@ def dynamics(seed: int) -> list[ClaimRow]:
             note="weights 20 s after the failure vs just before; optimum: the split of least true mean latency",
         )
     )
-    pre_cap = _weights_at(plans, 299.0)
-    post_cap = _weights_at(plans, 385.0)
+    pre_cap = _weights_at(plans, slowdown - 1)
+    post_cap = _weights_at(plans, slowdown + 85)
     ds3_before, ds3_after = _group(pre_cap, "ds3"), _group(post_cap, "ds3")
     cut = percent_lower(ds3_after, ds3_before)
-    best_cut = percent_lower(_group(_weights_at(best, 385.0), "ds3"), _group(_weights_at(best, 299.0), "ds3"))
+    best_cut = percent_lower(_group(_weights_at(best, slowdown + 85), "ds3"),
+                             _group(_weights_at(best, slowdown - 1), "ds3"))
     rows.append(
         ClaimRow(
             DOC,
@@ -244,13 +259,13 @@ def dynamics(seed: int) -> list[ClaimRow]:
             note="weights 85 s after the change vs just before; optimum: the split of least true mean latency",
         )
     )
-    pre_tr = _weights_at(plans, 399.0)
-    post_tr = _weights_at(plans, 475.0)
+    pre_tr = _weights_at(plans, surge - 1)
+    post_tr = _weights_at(plans, surge + 75)
     def larger(w: dict[str, float]) -> float:
         return _group(w, "ds3") + _group(w, "f8")
 
     big_share = larger(post_tr) - larger(pre_tr)
-    best_share = larger(_weights_at(best, 475.0)) - larger(_weights_at(best, 399.0))
+    best_share = larger(_weights_at(best, surge + 75)) - larger(_weights_at(best, surge - 1))
     rows.append(
         ClaimRow(
             DOC,
