@@ -143,20 +143,20 @@ class ShareMeter:
                 for t, base in reversed(self.reads[:-1])]
 
     def latest(self) -> RateReading | None:
-        """The VIP's request rate between the last two reads, stamped with the newest: when both count
-        requests and something was counted between them (no counter went down)."""
-        if len(self.reads) < 2 or self.reads[-1][1].kind != "requests":
+        """What the LB counted per second between the last two reads (of the newest read's kind),
+        stamped with the newest: when something was counted between them (no counter went down)."""
+        if len(self.reads) < 2:
             return None
         (since, previous), (now, newest) = self.reads[-2:]
         counted = _counted(previous, newest)
         return None if counted is None or now <= since else RateReading(now, sum(counted.values()) / (now - since),
-                                                                          now - since)
+                                                                          now - since, newest.kind)
 
     @property
     def rate(self) -> float | None:
-        """The VIP's requests per second between the last two reads (:meth:`latest`)."""
+        """The VIP's requests per second between the last two reads (:meth:`latest`), where the LB counts requests."""
         latest = self.latest()
-        return None if latest is None else latest.rate
+        return None if latest is None or latest.kind != "requests" else latest.rate
 
     def reading(self, now: float) -> RateReading | None:
         """The VIP's request rate read at ``now`` (:meth:`latest`), when the counters were read then."""

@@ -89,6 +89,7 @@ from knapsack_lb.controller.guard import (
     PlanGuard,
     Rollback,
     moved,
+    vip_latency,
 )
 from knapsack_lb.controller.least_connections import CapacityInterval, PeerLatency, capacity_split, slow_hosts
 from knapsack_lb.controller.light_rounds import light_load, light_round
@@ -211,7 +212,7 @@ class VipController:
         self.drain_time = self.settings.drain.time
         self.drain_measured_at: float | None = None
         self.traffic_changed_at = -math.inf  # rounds before it were taken under other traffic: never compared
-        self.vip_rates: list[RateReading] = []  # the VIP's request rate per step, where the LB counts requests
+        self.vip_rates: list[RateReading] = []  # the VIP's counted rate per step (requests, or bytes at layer 4)
         # per DIP, the client requests the LB timed in its newest round (the probe budget counts them as probes
         # already sent); not kept with the state: after a restart the first round's budget is the uniform one
         self.lb_timed: dict[str, int] = {}
@@ -260,12 +261,13 @@ class VipController:
         rate: RateReading | None = None,
     ) -> WeightPlan | None:
         """Advance by one control interval; a new plan, or None to keep the current one. ``rate`` is
-        the VIP's request rate since the previous step, when the LB counts requests."""
+        what the LB counted per second for the VIP since the previous step (requests, or bytes at layer 4)."""
         self.rounds += 1
         self.lb_timed.update((name, m.lb_timed) for name, m in observations.items())
         if rate is not None and math.isfinite(rate.rate) and rate.rate >= 0 and rate.seconds > 0:
             window = self.settings.learning.window
-            self.vip_rates = [r for r in self.vip_rates if rate.time - r.time <= window] + [rate]
+            kept = [r for r in self.vip_rates if rate.time - r.time <= window and r.kind == rate.kind]
+            self.vip_rates = [*kept, rate]
         reasons = self._pending_reasons
         self._pending_reasons = []
         if config is not None:
@@ -773,7 +775,7 @@ class VipController:
             dip.evidence = [e for e in dip.evidence if now - e.time <= s.learning.window] + [evidence]
         self.round_spread = between_round_spread((d.evidence for d in self.dips.values() if not d.failed),
                                                  s.measurement.trust_tolerance, s.learning.confidence)
-        traffic = (self._rate_change() if self.vip_rates else self._traffic_change()) if latest else None
+        traffic = self._traffic(latest, now) if latest else None
         drop_level = self._drop_levels()
         if traffic is not None:
             apart = set(traffic.apart) | self._apart_from_traffic(traffic, latest, drop_level)
@@ -905,12 +907,26 @@ class VipController:
                                 confirmations=s.dynamics.change_confirmations, spread=self.round_spread,
                                 drop_latency=drop_level)
 
+    def _traffic(self, latest: Mapping[str, RoundEvidence], now: float) -> TrafficChange | None:
+        """This step's traffic test: on the VIP's counted rate where the LB counts (its newest read
+        stamped with the VIP's probe latency under the plan in force), else, or where it counts bytes
+        and their rate calls nothing, on the DIPs' rounds (section 4.5)."""
+        counted = self.vip_rates[-1] if self.vip_rates else None
+        if counted is not None and counted.time == now:
+            measured = vip_latency(self.in_force, latest)
+            self.vip_rates[-1] = replace(counted, latency=None if measured is None else measured[0])
+        change = self._rate_change() if counted is not None else None
+        if change is None and (counted is None or counted.kind != "requests"):
+            change = self._traffic_change()
+        return change
+
     def _rate_change(self) -> TrafficChange | None:
-        """The traffic test on the VIP's request rate since the last traffic change (:func:`rate_change`)."""
+        """The traffic test on the VIP's counted rate since the last traffic change (:func:`rate_change`); a
+        rate of bytes (layer 4) counts only where the VIP's probe latency moved the same way."""
         s = self.settings
         return rate_change([r for r in self.vip_rates if r.time > self.traffic_changed_at],
                            confirmations=s.dynamics.change_confirmations, threshold=s.dynamics.traffic_change_threshold,
-                           z=s.learning.confidence)
+                           z=s.learning.confidence, clients_only=self.vip_rates[-1].kind != "requests")
 
     def _traffic_change(self) -> TrafficChange | None:
         """Section 4.5's traffic test on the DIPs' rounds (:mod:`knapsack_lb.controller.traffic`)."""

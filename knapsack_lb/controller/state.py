@@ -119,7 +119,7 @@ class ControllerState(BaseModel):
     guard: GuardState = Field(default_factory=GuardState)
     last_solved: WeightPlan | None = None
     traffic_changed_at: float = -math.inf  # the learner's last traffic change (section 4.5)
-    vip_rates: list[RateReading] = Field(default_factory=list)  # the VIP's request rate per step (LB counters)
+    vip_rates: list[RateReading] = Field(default_factory=list)  # the VIP's counted rate per step (LB counters)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types only (non-finite numbers as strings): safe for any JSON writer."""

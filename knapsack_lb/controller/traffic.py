@@ -37,7 +37,14 @@ counters says the same directly (:func:`rate_change`), and the controller reads 
 least connections the share a DIP carries moves every round with its latency, so few DIPs hold
 their weight long enough to be judged, and at high utilisation the pool's queues swing together.
 On the gauge's layer-7 pool 12 (37 DIPs, traffic x1.14 at 300 s to 0.92 utilisation) the test
-above never fired.
+above never fired. At layer 4 the LB counts bytes, and its clients wait on the pool (keep-alive
+connections): a capacity loss serves fewer requests, a recovered DIP or a better plan more, so the
+counted rate moves with the pool as well as with the clients. There a rate change is taken only
+when the VIP's probe latency moved the same way (``clients_only``: more clients bring more bytes
+and a slower VIP, a slower pool fewer bytes and a slower VIP); otherwise the latency test above
+decides. On the gauge's layer-4 pool 9 of seed 6 (12 DIPs, traffic x1.15 at 300 s to 0.92
+utilisation) the latency test never fired, the curves kept the old traffic, and a stretch put a
+16-vCPU DIP past its capacity for the rest of the run; the byte rate called it at 310 s.
 
 How it fails: a capacity change of most DIPs at once (a host-wide noisy neighbour) is read as
 traffic, which moves the plan the same way; while the learner still moves every DIP's weight, no
@@ -75,12 +82,16 @@ MIN_RATE_READS = 3  # reads of the VIP's request rate before the newest ones are
 
 @dataclass(frozen=True)
 class RateReading:
-    """The VIP's requests per second (``rate``) over the ``seconds`` before ``time``, from two reads
-    of the LB's request counters."""
+    """What the VIP's counters counted per second (``rate``) over the ``seconds`` before ``time``, from
+    two reads of the LB's counters of one ``kind`` (``requests``, or ``bytes`` at layer 4), and the
+    VIP's probe latency as the plan in force weighs it in the round of that step (``latency``; None
+    where no round was judged)."""
 
     time: float
     rate: float
     seconds: float
+    kind: str = "requests"
+    latency: float | None = None
 
 
 @dataclass(frozen=True)
@@ -93,11 +104,13 @@ class TrafficChange:
     judged: int
     moved: int
     apart: tuple[str, ...] = ()  # judged DIPs that moved the other way: they changed on their own
-    counted: bool = False  # ``ratio`` is the VIP's request rate's, counted by the LB (:func:`rate_change`)
+    counted: bool = False  # ``ratio`` is the VIP's counted rate's, from the LB's counters (:func:`rate_change`)
+    kind: str = "requests"  # what the counters counted
 
     def describe(self) -> str:
         if self.counted:
-            return (f"traffic change: the VIP's request rate x{self.ratio:.3f} (the LB's counters); every DIP's "
+            what = "request rate" if self.kind == "requests" else f"{self.kind} rate, its latency the same way,"
+            return (f"traffic change: the VIP's {what} x{self.ratio:.3f} (the LB's counters); every DIP's "
                     f"earlier rounds shifted by k={self.k:.3f}")
         apart = f"; {', '.join(self.apart)} moved the other way: relearned from their last rounds" if self.apart else ""
         return (f"traffic change: latency x{self.ratio:.3f} at unchanged weights (median of {self.judged} DIPs, "
@@ -212,7 +225,7 @@ def traffic_change(evidence: Mapping[str, Sequence[RoundEvidence]], curves: Mapp
 
 
 def rate_change(reads: Sequence[RateReading], *, confirmations: int, threshold: float, z: float,
-                ) -> TrafficChange | None:
+                clients_only: bool = False) -> TrafficChange | None:
     """A traffic change the VIP's request rate shows, or None: each of the newest ``confirmations``
     reads differs from the mean of the reads before them (at least ``MIN_RATE_READS``) by more than
     ``threshold`` relative and ``z`` standard errors, the same way. A read's variance is the larger
@@ -241,7 +254,22 @@ def rate_change(reads: Sequence[RateReading], *, confirmations: int, threshold: 
     if len(signs) != 1:
         return None
     ratio = statistics.fmean(r.rate for r in after) / base
-    return TrafficChange(min(K_EVENT_MAX, max(K_EVENT_MIN, 1 / ratio)), ratio, 0, 0, counted=True)
+    if clients_only and not _clients_moved(before, after, ratio):
+        return None
+    return TrafficChange(min(K_EVENT_MAX, max(K_EVENT_MIN, 1 / ratio)), ratio, 0, 0, counted=True,
+                         kind=reads[-1].kind)
+
+
+def _clients_moved(before: Sequence[RateReading], after: Sequence[RateReading], ratio: float) -> bool:
+    """Whether the VIP's latency moved the way its counted rate did, in each of the newest reads: the
+    clients' doing. Where clients wait on the pool (connections at layer 4) a slower pool serves
+    fewer requests, so a capacity loss reads as less traffic with the latency up, a recovered DIP
+    or a better plan as more traffic with the latency down; more clients bring both up."""
+    earlier = [r.latency for r in before if r.latency is not None and r.latency > 0]
+    if not earlier or any(r.latency is None for r in after):
+        return False
+    base = statistics.fmean(earlier)
+    return all((r.latency - base) * (ratio - 1) > 0 for r in after if r.latency is not None)
 
 
 def shifted(rounds: Sequence[RoundEvidence], k: float, keep: int) -> list[RoundEvidence]:

@@ -353,7 +353,11 @@ def test_the_share_meter_takes_differences_and_refuses_resets_and_kind_changes()
     assert _since_previous(meter, Traffic("bytes", {"a": 900, "b": 100}), 20.0) is None  # another kind of counter
     idle = _since_previous(meter, Traffic("bytes", {"a": 900, "b": 100}), 25.0)
     assert idle is not None and idle[1] is None  # nothing served
-    assert _since_previous(meter, None, 30.0) is None
+    _since_previous(meter, Traffic("bytes", {"a": 1400, "b": 600}), 30.0)
+    counted = meter.latest()  # bytes per second reach the learner's traffic test; the probe budget wants requests
+    assert counted is not None and counted.kind == "bytes" and counted.rate == pytest.approx(1000 / 5.0)
+    assert meter.rate is None
+    assert _since_previous(meter, None, 35.0) is None
 
 
 def test_a_round_that_started_before_the_previous_read_takes_the_share_over_both_windows() -> None:

@@ -173,6 +173,33 @@ def test_a_rate_change_needs_every_newest_read_beyond_the_threshold_and_the_nois
     assert rate_change(_rates(rng, [2.0] * 8 + [2.3] * 2), **RATE) is None
 
 
+def _bytes(rates: list[float], latencies: list[float | None]) -> list[RateReading]:
+    """Reads of the VIP's byte counters every 5 s at these rates, each with the VIP's probe latency."""
+    return [RateReading(5.0 * (i + 1), rate, 5.0, "bytes", latency)
+            for i, (rate, latency) in enumerate(zip(rates, latencies, strict=True))]
+
+
+def test_a_counted_rate_of_bytes_is_traffic_only_where_the_latency_moved_the_same_way() -> None:
+    """At layer 4 clients wait on the pool: more clients bring more bytes and a slower VIP; a DIP that
+    lost capacity brings fewer bytes and a slower VIP, a recovered DIP or a better plan more bytes and
+    a faster VIP. Only the first (and its mirror, fewer clients) is a traffic change."""
+    before = [1000.0, 1010.0, 990.0, 1005.0, 995.0, 1000.0]
+    slow, fast = [0.050, 0.051, 0.049, 0.050, 0.050, 0.050], [0.040, 0.041]
+    rise = rate_change(_bytes([*before, 1150.0, 1160.0], [*slow, 0.060, 0.062]), **RATE, clients_only=True)
+    assert rise is not None and rise.ratio == pytest.approx(1.155) and rise.k == pytest.approx(1 / 1.155)
+    assert "bytes rate" in rise.describe()
+    fall = rate_change(_bytes([*before, 850.0, 860.0], [*slow, *fast]), **RATE, clients_only=True)
+    assert fall is not None and fall.ratio == pytest.approx(0.855)
+    # a capacity loss: fewer bytes, a slower VIP; a recovery: more bytes, a faster one
+    assert rate_change(_bytes([*before, 850.0, 860.0], [*slow, 0.060, 0.062]), **RATE, clients_only=True) is None
+    assert rate_change(_bytes([*before, 1150.0, 1160.0], [*slow, *fast]), **RATE, clients_only=True) is None
+    # one of the newest reads the other way, or not measured: no verdict
+    assert rate_change(_bytes([*before, 1150.0, 1160.0], [*slow, 0.060, 0.045]), **RATE, clients_only=True) is None
+    assert rate_change(_bytes([*before, 1150.0, 1160.0], [*slow, 0.060, None]), **RATE, clients_only=True) is None
+    # where the counters count requests the rate alone decides, as before
+    assert rate_change(_bytes([*before, 850.0, 860.0], [*slow, 0.060, 0.062]), **RATE) is not None
+
+
 def _paper_pool(seed: int, ticks: int) -> Loop:
     """The paper's 30-DIP pool at 70 % load, learned by the default learner for ``ticks`` intervals."""
     dips = paper30_dips(seed)
