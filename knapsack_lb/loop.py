@@ -159,7 +159,7 @@ class ShareMeter:
         return None if latest is None or latest.kind != "requests" else latest.rate
 
     def reading(self, now: float) -> RateReading | None:
-        """The VIP's request rate read at ``now`` (:meth:`latest`), when the counters were read then."""
+        """The VIP's counted rate read at ``now`` (:meth:`latest`), when the counters were read then."""
         latest = self.latest()
         return latest if latest is not None and latest.time == now else None
 

@@ -77,7 +77,7 @@ from knapsack_lb.controller.estimation import Pooled, RoundEvidence, pooled, sam
 from knapsack_lb.curves import LatencyCurve
 
 MIN_JUDGED = 3  # DIPs that must have held their weight for a pool-wide verdict
-MIN_RATE_READS = 3  # reads of the VIP's request rate before the newest ones are compared with them
+MIN_RATE_READS = 3  # reads of the VIP's counted rate before the newest ones are compared with them
 
 
 @dataclass(frozen=True)
@@ -226,12 +226,14 @@ def traffic_change(evidence: Mapping[str, Sequence[RoundEvidence]], curves: Mapp
 
 def rate_change(reads: Sequence[RateReading], *, confirmations: int, threshold: float, z: float,
                 clients_only: bool = False) -> TrafficChange | None:
-    """A traffic change the VIP's request rate shows, or None: each of the newest ``confirmations``
+    """A traffic change the VIP's counted rate shows, or None: each of the newest ``confirmations``
     reads differs from the mean of the reads before them (at least ``MIN_RATE_READS``) by more than
     ``threshold`` relative and ``z`` standard errors, the same way. A read's variance is the larger
     of its count's (Poisson: ``rate / seconds``) and the spread of the earlier reads (traffic burstier
     than Poisson); the earlier mean's is that over their number. ``k`` is the inverse of the newest
-    reads' mean over the earlier one, clamped to one event's bounds.
+    reads' mean over the earlier one, clamped to one event's bounds. ``clients_only`` (counters of
+    bytes, at layer 4, whose Poisson term is no bound: the earlier reads' spread carries the noise):
+    a change only where the VIP's probe latency moved the same way in each of the newest reads.
 
     How it fails: a change in what the counters count (a second LB in front of the same DIPs, a
     client that retries harder) reads as traffic; a change smaller than ``threshold`` is left to the
