@@ -1139,8 +1139,8 @@ class VipController:
 
     def _challenge(self, now: float, live: list[str], pins: Mapping[str, float], objective: str) -> WeightPlan | None:
         """Send the capacity-proportional plan as a challenger to the solved plan in force, when that plan
-        has been measured and the two differ by at least ``CHALLENGE_MOVE`` of the traffic
-        (:mod:`knapsack_lb.controller.guard`, "The challenger")."""
+        has been measured, the two differ by at least ``CHALLENGE_MOVE`` of the traffic and the challenger
+        takes no DIP past every weight it was seen at (:mod:`knapsack_lb.controller.guard`, "The challenger")."""
         s = self.settings
         plan, record, last = self.plan, self.guard.state.current, self.guard.state.challenge
         if (objective != "mean" or self._balancing != "weighted" or plan is None or plan.flags
@@ -1154,7 +1154,7 @@ class VipController:
         fixed = {n: 0.0 for n in self.dips if n not in live} | {n: w for n, w in pins.items() if n in live}
         weights = apply_rails(target, previous=self._carried() or None, healthy={n for n in live if n not in pins},
                               min_weight=s.rails.min_weight, max_change=s.rails.max_weight_change, fixed=fixed)
-        if moved(weights, plan.weights) < CHALLENGE_MOVE:
+        if moved(weights, plan.weights) < CHALLENGE_MOVE or self._explores(weights):
             return None
         if last is not None and not last.stale(plan.weights, weights, now, s.learning.window):
             return None

@@ -26,10 +26,13 @@ rounds, with nothing changing, and that differs from that capacity-proportional 
 plan for ``MIN_ROUNDS`` measured rounds (a :class:`Challenge`), and :meth:`PlanGuard.decide` keeps
 it when the solved plan measured worse beyond ``z`` combined standard errors and ``threshold``
 (ties go to the solver); otherwise the solved plan comes back. The challenger is only tried when
-the caps carry the VIP (each DIP then below its safe cap), for the ``mean`` objective (the one the
-guard measures), and when either plan has moved by ``CHALLENGE_MOVE`` since the last challenge and
-``CHALLENGE_SPACING`` of the learning window has passed, so its cost is bounded: a few rounds under
-the plan that measures worse, at most twice a window.
+the caps carry the VIP (each DIP then below its safe cap) and it takes no DIP past every weight that
+DIP was seen at: it measures a split within the rounds' range, it does not explore (a cap fitted to
+a weak rise can lie several times past the weights seen, and the challenger then sent a 2-vCPU DIP
+2.75x its capacity), for the ``mean`` objective (the one the guard measures), and when either plan
+has moved by ``CHALLENGE_MOVE`` since the last challenge and ``CHALLENGE_SPACING`` of the learning
+window has passed, so its cost is bounded: a few rounds under the plan that measures worse, at most
+twice a window.
 
 How it fails: the two plans are measured at different times, so a traffic change between them
 looks like a worse plan (the rollback then restores a plan that is no better, and the learner,

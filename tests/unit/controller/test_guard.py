@@ -10,6 +10,7 @@ import pytest
 from knapsack_lb.controller.core import SolveRequest, SolveResult, SolverFn, VipController
 from knapsack_lb.controller.estimation import RoundEvidence
 from knapsack_lb.controller.guard import Challenge, PlanGuard, PlanRecord, Rollback, moved, vip_latency
+from knapsack_lb.lab.bench.robustness import generate_pool, run_one
 from knapsack_lb.model import PlanFlag, PlanMethod
 
 from .loop import Loop, vip_config
@@ -247,3 +248,12 @@ def test_a_solved_plan_that_measures_as_well_as_the_challenger_comes_back(loop: 
     assert not any("the capacity-proportional plan stays" in e for _, e in loop.ctl.events_log)
     back = plans[challenges[0] + 1]
     assert back.method == PlanMethod.EXACT_GREEDY and any(r.endswith("the solved plan is back") for r in back.reasons)
+
+
+def test_a_challenger_never_sends_a_dip_where_no_round_has_been() -> None:
+    """The gauge's layer-4 pool 15 of seed 7 (4 DIPs of 4, 1, 16 and 16 vCPUs, FCFS, 77 % load): the
+    4-vCPU DIP's cap, fitted to a weak rise, lay far past every weight it was seen at, and the
+    capacity-proportional challenger sent it 2.15x its capacity. A challenger measures a split
+    within the rounds' range; no plan after the first solved one passes a DIP's true capacity."""
+    outcome = run_one(generate_pool(15, 7), "knapsack")
+    assert outcome.max_utilisation_after is not None and outcome.max_utilisation_after <= 1.0
