@@ -156,7 +156,7 @@ class ShareMeter:
     def rate(self) -> float | None:
         """The VIP's requests per second between the last two reads (:meth:`latest`), where the LB counts requests."""
         latest = self.latest()
-        return None if latest is None or latest.kind != "requests" else latest.rate
+        return None if latest is None or not latest.counts_requests else latest.rate
 
     def reading(self, now: float) -> RateReading | None:
         """The VIP's counted rate read at ``now`` (:meth:`latest`), when the counters were read then."""

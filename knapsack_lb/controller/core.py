@@ -915,18 +915,18 @@ class VipController:
         if counted is not None and counted.time == now:
             measured = vip_latency(self.in_force, latest)
             self.vip_rates[-1] = replace(counted, latency=None if measured is None else measured[0])
-        change = self._rate_change() if counted is not None else None
-        if change is None and (counted is None or counted.kind != "requests"):
+        change = self._rate_change(clients_only=not counted.counts_requests) if counted is not None else None
+        if change is None and (counted is None or not counted.counts_requests):
             change = self._traffic_change()
         return change
 
-    def _rate_change(self) -> TrafficChange | None:
-        """The traffic test on the VIP's counted rate since the last traffic change (:func:`rate_change`); a
-        rate of bytes (layer 4) counts only where the VIP's probe latency moved the same way."""
+    def _rate_change(self, *, clients_only: bool) -> TrafficChange | None:
+        """The traffic test on the VIP's counted rate since the last traffic change (:func:`rate_change`);
+        ``clients_only`` (a rate of bytes, layer 4): taken only where the VIP's probe latency moved the same way."""
         s = self.settings
         return rate_change([r for r in self.vip_rates if r.time > self.traffic_changed_at],
                            confirmations=s.dynamics.change_confirmations, threshold=s.dynamics.traffic_change_threshold,
-                           z=s.learning.confidence, clients_only=self.vip_rates[-1].kind != "requests")
+                           z=s.learning.confidence, clients_only=clients_only)
 
     def _traffic_change(self) -> TrafficChange | None:
         """Section 4.5's traffic test on the DIPs' rounds (:mod:`knapsack_lb.controller.traffic`)."""

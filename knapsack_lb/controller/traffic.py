@@ -93,6 +93,11 @@ class RateReading:
     kind: str = "requests"
     latency: float | None = None
 
+    @property
+    def counts_requests(self) -> bool:
+        """Whether the counters counted requests: a rate the clients set, which the rate alone tells."""
+        return self.kind == "requests"
+
 
 @dataclass(frozen=True)
 class TrafficChange:
