@@ -34,6 +34,11 @@ def bench_robustness_command(
     save_specs: Path = typer.Option(None, "--save-specs", help="Write each pool's scenario YAML here."),
     plot: Path = typer.Option(Path("robustness.png"), help="PNG: ratios per pool (sorted) and their CDFs."),
     as_json: bool = typer.Option(False, "--json", help="Print every pool's numbers as JSON on stdout."),
+    paths: int = typer.Option(1, min=1, max=20, help="Random paths (simulation seeds) per pool; every policy runs "
+                              "each, and a pool's ratio is the geometric mean over them."),
+    layer: int = typer.Option(None, help="Only the pools at this layer (4 or 7); pool i stays pool i."),
+    policies: str = typer.Option(None, help="Comma-separated policies to run (default: all of the engine's); "
+                                 "knapsack and oracle always run."),
 ) -> None:
     """Run the gauge: every pool, every policy, same seed; a table, a PNG and optionally JSON."""
     from knapsack_lb.lab.bench import robustness as gauge
@@ -44,18 +49,27 @@ def bench_robustness_command(
     if light_requests and chosen == "fluid":
         raise typer.BadParameter(f"the fluid model sends no light requests (got {light_requests}); use --engine sim",
                                  param_hint="--light-requests")
+    if layer is not None and layer not in (4, 7):
+        raise typer.BadParameter(f"layer must be 4 or 7 (got {layer})", param_hint="--layer")
+    try:
+        labels = gauge.gauge_policies(chosen, None if policies is None else
+                                      [p.strip() for p in policies.split(",") if p.strip()])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--policies") from exc
     count = QUICK_POOLS if quick else pools
     gen = gauge.PoolGenerator(duration=duration or (QUICK_DURATION if quick else gauge.PoolGenerator().duration),
                               light_requests=light_requests)
-    pool_set = [gauge.generate_pool(i, seed, gen) for i in range(count)]
+    pool_set = [p for p in (gauge.generate_pool(i, seed, gen) for i in range(count)) if layer in (None, p.layer)]
+    if not pool_set:
+        raise typer.BadParameter(f"none of the {count} pools of seed {seed} is at layer {layer}", param_hint="--layer")
     if save_specs is not None:
         gauge.save_specs(pool_set, save_specs)
-    labels = gauge.FLUID_POLICIES if chosen == "fluid" else gauge.POLICIES
     err = Console(stderr=True)
     with Progress(TextColumn("robustness"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err) as progress:
-        task = progress.add_task("runs", total=len(pool_set) * len(labels))
-        reports = gauge.run_gauge(pool_set, chosen, workers, on_done=lambda _: progress.advance(task))
+        task = progress.add_task("runs", total=len(pool_set) * len(labels) * paths)
+        reports = gauge.run_gauge(pool_set, chosen, workers, on_done=lambda _: progress.advance(task), paths=paths,
+                                  policies=labels)
     gauge.plot(reports, plot)
     result = gauge.report_json(reports, chosen, seed)
     if as_json:
@@ -73,22 +87,24 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 def _table(reports: list[PoolReport]) -> Table:
     table = Table(title="KnapsackLB (defaults) per pool: steady-window mean latency (ms)")
-    for col in ("pool", "RR", "LC", "P2C", "WRR vCPU", "WLC vCPU", "oracle", "capacity", "KLB", "KLB/best",
+    for col in ("#", "path", "pool", "RR", "LC", "P2C", "WRR vCPU", "WLC vCPU", "oracle", "capacity", "KLB", "KLB/best",
                 "KLB/oracle", "solved at (s)", "max util", "max busy"):
-        table.add_column(col, justify="right" if col != "pool" else "left")
+        table.add_column(col, justify="left" if col == "pool" else "right")
     for r in reports:
         o = r.outcomes
         k = o["knapsack"]
-        table.add_row(r.pool.describe(), *(_fmt(o[x].steady_mean_ms, 1) if x in o else "-" for x in
-                                          ("round_robin", "least_connections", "power_of_two", "wrr_vcpu",
-                                           "wlc_vcpu", "oracle", "capacity", "knapsack")),
+        table.add_row(str(r.pool.index), str(r.path), r.pool.describe(),
+                      *(_fmt(o[x].steady_mean_ms, 1) if x in o else "-" for x in
+                        ("round_robin", "least_connections", "power_of_two", "wrr_vcpu", "wlc_vcpu", "oracle",
+                         "capacity", "knapsack")),
                       _fmt(r.ratio("best")), _fmt(r.ratio("oracle")), _fmt(k.first_solved_s, 0),
                       _fmt(k.max_utilisation_after), _fmt(k.max_busy))
     return table
 
 
 def _summary_table(summary: dict[str, Any]) -> Table:
-    table = Table(title=f"over {summary['pools']} pools")
+    paths = summary.get("paths", 1)
+    table = Table(title=f"over {summary['pools']} pools" + (f", {paths} random paths each" if paths > 1 else ""))
     table.add_column("measure")
     for col in ("median", "p90", "worst"):
         table.add_column(col, justify="right")
@@ -105,6 +121,20 @@ def _summary_table(summary: dict[str, Any]) -> Table:
                 "worse_than_vcpu_weights_by_5pct", "never_solved"):
         if key in summary:
             table.add_row(key.replace("_", " ") + " (pools)", str(summary[key]), "", "")
+    for layer, d in summary.get("by_layer", {}).items():
+        if not d["operator_baselines"]:
+            continue
+        against = "best of " + ", ".join(d["operator_baselines"])
+        for key in ("steady_vs_operator", "steady_vs_oracle", "whole_run_vs_operator", "first_solved_s"):
+            table.add_row(f"layer {layer}: {key.replace('_', ' ')}", _fmt(d[key]["median"]), _fmt(d[key]["p90"]),
+                          _fmt(d[key]["worst"]))
+        per_path = ", ".join(map(str, d["better_whole_run_per_path"]))
+        table.add_row(f"layer {layer}: better than the {against} over the whole run (of {d['pools']} pools; "
+                      f"each path: {per_path})", str(d["better_whole_run"]), "", "")
+        table.add_row(f"layer {layer}: worse by 5 % over the whole run (pools)", str(d["worse_whole_run_by_5pct"]),
+                      "", "")
+        table.add_row(f"layer {layer}: a plan past a DIP's capacity after the first solved one (pools)",
+                      str(d["above_capacity_after_solved"]), "", "")
     return table
 
 

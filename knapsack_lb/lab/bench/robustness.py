@@ -35,6 +35,13 @@ lifetimes do not scale, so such a pool is a slower pool, not the same one). The 
 exact for exponential service and for processor sharing (the number in system is that of M/M/c
 whatever the service distribution) and the Allen-Cunneen approximation for FCFS with other service
 times; the oracle is a static plan per phase, so least connections can beat it.
+
+One run is one random path: the arrivals, service times, connection placement and probe noise of
+one simulation seed. At layer 4 a pool's whole-run ratio moves by a few percent from one path to
+the next (a connection placed on another DIP early sends its requests there for a minute), which is
+as large as the margin to a bar; ``paths`` runs every policy on several seeds (:func:`path_seed`; all
+policies share each path's seed, common random numbers) and the summary takes each pool's ratio as
+the geometric mean over its paths, with the count of better pools on each path beside it.
 """
 
 from __future__ import annotations
@@ -67,6 +74,12 @@ MAX_LOAD_AFTER_EVENT = 0.92  # no event leaves the pool above this utilisation
 ORACLE_MAX_UTILISATION = 0.97  # the oracle's curves end here: no plan runs a DIP nearer its limit
 PROBE_SHARE = 0.03  # the probe budget a user gives: requests per round worth 3 % of capacity
 BASELINES = ("round_robin", "least_connections", "power_of_two", "wrr_vcpu", "wlc_vcpu")
+# the operator's choices each layer's bar is set against: a layer-4 LB balances connections by round robin, least
+# connections or vCPU weights; a layer-7 one sends requests by least connections, plain or weighted by vCPU
+LAYER_BASELINES: dict[int, tuple[str, ...]] = {4: ("round_robin", "least_connections", "wrr_vcpu"),
+                                               7: ("least_connections", "wlc_vcpu")}
+PATH_STRIDE = 1_000_003  # path k of a pool runs on its scenario's seed + k x this (path_seed)
+MAX_PATHS = 20
 REFERENCES = ("oracle", "capacity")  # policies that know the truth: what the best weights could do
 POLICIES = (*BASELINES, *REFERENCES, "knapsack")
 
@@ -239,6 +252,15 @@ def generate_pool(index: int, seed: int, gen: PoolGenerator | None = None) -> Po
                 rate * factor, event, probe_requests)
 
 
+def path_seed(pool: Pool, path: int) -> int:
+    """The simulation seed of ``pool``'s random path ``path`` (0 to ``MAX_PATHS`` - 1): path 0 is the
+    scenario's own seed, so a one-path gauge runs as it always did; every policy runs a path on the
+    same seed, so their ratios on one path compare like with like."""
+    if not 0 <= path < MAX_PATHS:
+        raise ValueError(f"path must be 0-{MAX_PATHS - 1} (got {path})")
+    return pool.scenario.seed + path * PATH_STRIDE
+
+
 # --- the truth ----------------------------------------------------------------------------------------
 def true_latency(vcpus: int, speed: float, mean_service: float, cv2: float, discipline: str, rate: float) -> float:
     """Mean sojourn time (s) of a DIP with ``vcpus`` workers at ``speed`` under Poisson ``rate``.
@@ -340,6 +362,7 @@ class Outcome:
     last_reasons: tuple[str, ...] = ()
     max_busy: float | None = None  # the highest measured busy share of a DIP in a window (KnapsackLB: after solving)
     saturated_windows: int | None = None  # windows in which some DIP was busy at least SATURATED of the time
+    path: int = 0  # the random path (path_seed) the run took
 
 
 def _window(series: Mapping[str, Any], since: float) -> tuple[float, float, float]:
@@ -379,18 +402,18 @@ def measured_busy(series: Mapping[str, Any], since: float) -> tuple[float | None
     return (max(busiest) if busiest else None), sum(b >= SATURATED for b in busiest)
 
 
-def run_one(pool: Pool, label: str) -> Outcome:
-    """One policy on one pool in the discrete-event simulator."""
+def run_one(pool: Pool, label: str, path: int = 0) -> Outcome:
+    """One policy on one pool in the discrete-event simulator, on random path ``path``."""
     from knapsack_lb.sim.simulation import run
 
     scenario, spec = policy_run(pool, label)
-    result = run(scenario, spec, scenario.seed)
+    result = run(scenario, spec, path_seed(pool, path))
     steady_from = scenario.duration * (1 - STEADY_SHARE)
     mean, p99, errors = _window(result.series, 0.0)
     s_mean, s_p99, _ = _window(result.series, steady_from)
     busy, saturated = measured_busy(result.series, 0.0)
     base = Outcome(pool.index, label, mean, p99, s_mean, s_p99, errors, result.wall_seconds,
-                   max_busy=busy, saturated_windows=saturated)
+                   max_busy=busy, saturated_windows=saturated, path=path)
     if label != "knapsack":
         return base
     return _with_controller(base, pool, result.series.get("plans", []), result.series)
@@ -425,8 +448,9 @@ def _with_controller(base: Outcome, pool: Pool, plans: Sequence[Mapping[str, Any
                       "flags": flags, "last_reasons": last})
 
 
-def run_one_fluid(pool: Pool, label: str) -> Outcome:
-    """One policy on one pool in the fluid model (every DIP M/M/c; no connection placement)."""
+def run_one_fluid(pool: Pool, label: str, path: int = 0) -> Outcome:
+    """One policy on one pool in the fluid model (every DIP M/M/c; no connection placement), on random
+    path ``path`` (the probes' noise)."""
     from knapsack_lb.controller.settings import ControllerSettings, LoopSettings
     from knapsack_lb.lab.bench.controller import Run
 
@@ -436,13 +460,13 @@ def run_one_fluid(pool: Pool, label: str) -> Outcome:
         if pool.layer == 4 else 0.0
     model = FluidModel(dips, total_rate=pool.offered_rate, vip="vip", drain_time=drain,
                        probe_requests=pool.probe_requests, timeout=pool.scenario.lb.timeout or 3.0,
-                       seed=pool.scenario.seed)
+                       seed=path_seed(pool, path))
     static = {"round_robin": {d.name: 1.0 for d in pool.dips},
               "wrr_vcpu": {d.name: float(d.vcpus) for d in pool.dips}}
     if label not in FLUID_POLICIES:
         raise ValueError(f"policy {label!r} has no fluid counterpart (fluid runs: {', '.join(FLUID_POLICIES)})")
     settings = ControllerSettings(loop=LoopSettings(interval=gen_interval))
-    run = Run(model, settings, pool.scenario.seed) if label == "knapsack" else None
+    run = Run(model, settings, path_seed(pool, path)) if label == "knapsack" else None
     event = pool.scenario.events[0] if pool.scenario.events else None
     means: list[tuple[float, float, float]] = []
     plans: list[dict[str, Any]] = []
@@ -471,7 +495,7 @@ def run_one_fluid(pool: Pool, label: str) -> Outcome:
     arr = np.array(means)
     steady = arr[arr[:, 0] >= pool.scenario.duration * (1 - STEADY_SHARE)]
     base = Outcome(pool.index, label, float(arr[:, 1].mean()), float(arr[:, 2].mean()), float(steady[:, 1].mean()),
-                   float(steady[:, 2].mean()), 0.0, 0.0)
+                   float(steady[:, 2].mean()), 0.0, 0.0, path=path)
     return _with_controller(base, pool, plans) if label == "knapsack" else base
 
 
@@ -491,17 +515,23 @@ FLUID_POLICIES = ("round_robin", "wrr_vcpu", "oracle", "knapsack")
 # --- the gauge ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PoolReport:
+    """Every policy's outcome on one pool along one random path (:func:`path_seed`)."""
+
     pool: Pool
     outcomes: Mapping[str, Outcome]
+    path: int = 0
 
     def ratio(self, other: str, steady: bool = True, of: str = "knapsack") -> float:
-        """``of``'s mean latency (KnapsackLB's by default) over ``other``'s (best baseline: ``"best"``)."""
+        """``of``'s mean latency (KnapsackLB's by default) over ``other``'s: a policy's label, ``"best"``
+        (the best of ``BASELINES`` run) or ``"layer"`` (the best of the pool's ``LAYER_BASELINES`` run;
+        NaN when none ran)."""
         key = "steady_mean_ms" if steady else "mean_ms"
         mine = getattr(self.outcomes[of], key)
         if not math.isfinite(mine):  # no request succeeded in the window: as bad as it gets
             return math.inf
-        if other == "best":
-            theirs = min(getattr(self.outcomes[b], key) for b in BASELINES if b in self.outcomes)
+        if other in ("best", "layer"):
+            among = BASELINES if other == "best" else LAYER_BASELINES[self.pool.layer]
+            theirs = min((getattr(self.outcomes[b], key) for b in among if b in self.outcomes), default=math.nan)
         else:
             theirs = getattr(self.outcomes[other], key)
         return mine / theirs if theirs > 0 else math.nan
@@ -522,37 +552,102 @@ def distribution(values: Iterable[float]) -> dict[str, float]:
             "p90": float(np.percentile(arr, 90, method="nearest")), "worst": float(arr.max())}
 
 
+def geometric_mean(ratios: Iterable[float]) -> float:
+    """The geometric mean of latency ratios (the mean of their logs: a path 10 % better and one 10 %
+    worse cancel); infinite when any is (no request succeeded), NaN ratios left out, NaN when none is left."""
+    logs = [math.log(r) if r > 0 else -math.inf for r in ratios if not math.isnan(r)]
+    if not logs:
+        return math.nan
+    return math.inf if math.inf in logs else math.exp(math.fsum(logs) / len(logs))
+
+
+def by_pool(reports: Sequence[PoolReport]) -> list[list[PoolReport]]:
+    """The reports grouped by pool (each group is one pool's paths, by path), pools in the order first seen."""
+    groups: dict[int, list[PoolReport]] = {}
+    for r in reports:
+        groups.setdefault(r.pool.index, []).append(r)
+    return [sorted(g, key=lambda r: r.path) for g in groups.values()]
+
+
+def per_pool(reports: Sequence[PoolReport], value: Callable[[PoolReport], float]) -> list[float]:
+    """``value`` of each pool: the :func:`geometric_mean` over its paths (the value itself with one path)."""
+    return [geometric_mean(value(r) for r in group) for group in by_pool(reports)]
+
+
+def _paths(reports: Sequence[PoolReport]) -> list[int]:
+    return sorted({r.path for r in reports})
+
+
 def summarise(reports: Sequence[PoolReport]) -> dict[str, Any]:
-    """The gauge's headline numbers over every pool."""
+    """The gauge's headline numbers over every pool. Ratios are per pool (:func:`per_pool`: the geometric
+    mean over its paths); what a run did (first solved plan, utilisation, busy share, probe load) is over
+    every run; a pool counts as saturated or never solved when it was on any path."""
     have_lc = all("least_connections" in r.outcomes for r in reports)
+    pools = by_pool(reports)
     out: dict[str, Any] = {
-        "pools": len(reports),
-        "steady_vs_best_baseline": distribution(r.ratio("best") for r in reports),
-        "steady_vs_oracle": distribution(r.ratio("oracle") for r in reports),
-        "whole_run_vs_best_baseline": distribution(r.ratio("best", steady=False) for r in reports),
-        "whole_run_vs_oracle": distribution(r.ratio("oracle", steady=False) for r in reports),
-        "worse_than_vcpu_weights": sum(r.ratio(r.vcpu_weighted()) > 1 for r in reports),
-        "worse_than_vcpu_weights_by_5pct": sum(r.ratio(r.vcpu_weighted()) > 1.05 for r in reports),
-        "never_solved": sum(r.outcomes["knapsack"].first_solved_s is None for r in reports),
+        "pools": len(pools),
+        "paths": len(_paths(reports)),
+        "steady_vs_best_baseline": distribution(per_pool(reports, lambda r: r.ratio("best"))),
+        "steady_vs_oracle": distribution(per_pool(reports, lambda r: r.ratio("oracle"))),
+        "whole_run_vs_best_baseline": distribution(per_pool(reports, lambda r: r.ratio("best", steady=False))),
+        "whole_run_vs_oracle": distribution(per_pool(reports, lambda r: r.ratio("oracle", steady=False))),
+        "worse_than_vcpu_weights": sum(v > 1 for v in per_pool(reports, lambda r: r.ratio(r.vcpu_weighted()))),
+        "worse_than_vcpu_weights_by_5pct": sum(v > 1.05 for v in
+                                               per_pool(reports, lambda r: r.ratio(r.vcpu_weighted()))),
+        "never_solved": sum(any(r.outcomes["knapsack"].first_solved_s is None for r in g) for g in pools),
         "first_solved_s": distribution(r.outcomes["knapsack"].first_solved_s or math.nan for r in reports),
         "max_utilisation_after_solved": distribution(r.outcomes["knapsack"].max_utilisation_after or math.nan
                                                      for r in reports),
         "probe_share": distribution(r.outcomes["knapsack"].probe_share or math.nan for r in reports),
         "max_busy_after_solved": distribution(_or_nan(r.outcomes["knapsack"].max_busy) for r in reports),
         # per policy: pools on which some DIP was measured at its capacity in some window (KnapsackLB: after solving)
-        "saturated_pools": {label: sum(bool(r.outcomes[label].saturated_windows) for r in reports)
+        "saturated_pools": {label: sum(any(r.outcomes[label].saturated_windows for r in g) for g in pools)
                             for label in (reports[0].outcomes if reports else ())
                             if all(r.outcomes[label].saturated_windows is not None for r in reports)},
+        "by_layer": {str(layer): layer_summary([r for r in reports if r.pool.layer == layer])
+                     for layer in sorted({r.pool.layer for r in reports})},
     }
     if all("capacity" in r.outcomes for r in reports):
         # the ceiling of learning weights at all: the true capacities against the operator's vCPU weights
-        out["steady_vs_capacity_weights"] = distribution(r.ratio("capacity") for r in reports)
-        out["capacity_weights_vs_vcpu_weights"] = distribution(r.ratio(r.vcpu_weighted(), of="capacity")
-                                                               for r in reports)
+        out["steady_vs_capacity_weights"] = distribution(per_pool(reports, lambda r: r.ratio("capacity")))
+        out["capacity_weights_vs_vcpu_weights"] = distribution(
+            per_pool(reports, lambda r: r.ratio(r.vcpu_weighted(), of="capacity")))
     if have_lc:
-        out["worse_than_least_connections"] = sum(r.ratio("least_connections") > 1 for r in reports)
-        out["worse_than_least_connections_by_5pct"] = sum(r.ratio("least_connections") > 1.05 for r in reports)
+        lc = per_pool(reports, lambda r: r.ratio("least_connections"))
+        out["worse_than_least_connections"] = sum(v > 1 for v in lc)
+        out["worse_than_least_connections_by_5pct"] = sum(v > 1.05 for v in lc)
     return out
+
+
+def layer_summary(reports: Sequence[PoolReport]) -> dict[str, Any]:
+    """One layer's pools against that layer's bar: KnapsackLB's mean latency over the best of the
+    ``LAYER_BASELINES`` that ran (steady window and whole run) and over the oracle, per pool; how many
+    pools it beat over the whole run (on the pool's mean over its paths, and on each path alone: the
+    spread a single path hides); how many a plan drove past a DIP's true capacity after the first solved
+    plan (on any path; layer 4, where a weight is a share), and the time to that plan. Where none of the
+    layer's baselines ran (the fluid engine at layer 7), the counts against them are None."""
+    whole = per_pool(reports, lambda r: r.ratio("layer", steady=False))
+    pools = by_pool(reports)
+    ran = [b for b in (LAYER_BASELINES[reports[0].pool.layer] if reports else ())
+           if all(b in r.outcomes for r in reports)]
+
+    def count(beats: Callable[[float], bool], values: Iterable[float]) -> int | None:
+        return sum(beats(v) for v in values) if ran else None
+
+    return {
+        "pools": len(pools),
+        "operator_baselines": ran,
+        "steady_vs_operator": distribution(per_pool(reports, lambda r: r.ratio("layer"))),
+        "steady_vs_oracle": distribution(per_pool(reports, lambda r: r.ratio("oracle"))),
+        "whole_run_vs_operator": distribution(whole),
+        "better_whole_run": count(lambda v: v < 1, whole),
+        "worse_whole_run_by_5pct": count(lambda v: v > 1.05, whole),
+        "better_whole_run_per_path": [count(lambda v: v < 1, (r.ratio("layer", steady=False) for r in reports
+                                                              if r.path == k)) for k in _paths(reports)],
+        "above_capacity_after_solved": sum(any((r.outcomes["knapsack"].max_utilisation_after or 0.0) > 1.0
+                                               for r in g) for g in pools),
+        "first_solved_s": distribution(r.outcomes["knapsack"].first_solved_s or math.nan for r in reports),
+    }
 
 
 def _or_nan(value: float | None) -> float:
@@ -564,30 +659,49 @@ def worst_pools(reports: Sequence[PoolReport], count: int = 4) -> list[PoolRepor
     return sorted(reports, key=lambda r: -r.ratio("best"))[:count]
 
 
+def gauge_policies(engine: Literal["sim", "fluid"], chosen: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The policies a gauge runs: ``chosen`` (every policy of the engine when None) with KnapsackLB and
+    the oracle always among them (every ratio is KnapsackLB's, and the steady bar is set by the oracle),
+    in the engine's order. Raises ValueError naming an unknown label."""
+    known = FLUID_POLICIES if engine == "fluid" else POLICIES
+    if chosen is None:
+        return known
+    for label in chosen:
+        if label not in known:
+            raise ValueError(f"policies: unknown {engine} policy {label!r} (known: {', '.join(known)})")
+    wanted = {*chosen, "knapsack", "oracle"}
+    return tuple(label for label in known if label in wanted)
+
+
 def run_gauge(pools: Sequence[Pool], engine: Literal["sim", "fluid"] = "sim", workers: int | None = None,
-              on_done: Callable[[Outcome], None] | None = None) -> list[PoolReport]:
-    """Every policy on every pool, in parallel over ``workers`` processes (default: the CPUs)."""
-    labels = FLUID_POLICIES if engine == "fluid" else POLICIES
+              on_done: Callable[[Outcome], None] | None = None, *, paths: int = 1,
+              policies: Sequence[str] | None = None) -> list[PoolReport]:
+    """Every policy (:func:`gauge_policies`) on every pool along ``paths`` random paths each, in parallel
+    over ``workers`` processes (default: the CPUs); one report per pool and path, by pool then path."""
+    labels = gauge_policies(engine, policies)
+    if not 1 <= paths <= MAX_PATHS:
+        raise ValueError(f"paths must be 1-{MAX_PATHS} (got {paths})")
     fn = run_one_fluid if engine == "fluid" else run_one
-    tasks = [(p, label) for p in pools for label in labels]
+    tasks = [(p, label, k) for p in pools for label in labels for k in range(paths)]
     # the slow runs first, so that the last minutes are not one process alone
     tasks.sort(key=lambda t: (t[1] != "knapsack", -len(t[0].dips)))
-    results: dict[tuple[int, str], Outcome] = {}
+    results: dict[tuple[int, str, int], Outcome] = {}
     workers = workers or os.cpu_count() or 1
     if workers <= 1:
-        for pool, label in tasks:
-            results[(pool.index, label)] = outcome = fn(pool, label)
+        for pool, label, k in tasks:
+            results[(pool.index, label, k)] = outcome = fn(pool, label, k)
             if on_done:
                 on_done(outcome)
     else:
         with ProcessPoolExecutor(max_workers=workers) as executor:
-            futures = [executor.submit(fn, pool, label) for pool, label in tasks]
+            futures = [executor.submit(fn, pool, label, k) for pool, label, k in tasks]
             for future in as_completed(futures):
                 outcome = future.result()
-                results[(outcome.pool, outcome.policy)] = outcome
+                results[(outcome.pool, outcome.policy, outcome.path)] = outcome
                 if on_done:
                     on_done(outcome)
-    return [PoolReport(p, {label: results[(p.index, label)] for label in labels}) for p in pools]
+    return [PoolReport(p, {label: results[(p.index, label, k)] for label in labels}, k)
+            for p in pools for k in range(paths)]
 
 
 def save_specs(pools: Sequence[Pool], directory: Path) -> list[Path]:
@@ -623,16 +737,17 @@ def report_json(reports: Sequence[PoolReport], engine: str, seed: int) -> dict[s
     """Every pool's numbers and the summary; non-finite numbers (a policy that never answered) are null."""
     return _strict({
         "engine": engine, "seed": seed, "summary": summarise(reports),
-        "pools": [{"index": r.pool.index, "pool": r.pool.describe(), "time_scale": round(r.pool.time_scale, 3),
-                   "probe_requests": r.pool.probe_requests,
+        "pools": [{"index": r.pool.index, "path": r.path, "pool": r.pool.describe(), "layer": r.pool.layer,
+                   "time_scale": round(r.pool.time_scale, 3), "probe_requests": r.pool.probe_requests,
                    "steady_vs_best": r.ratio("best"), "best_baseline": r.best_baseline(),
-                   "steady_vs_oracle": r.ratio("oracle"),
+                   "steady_vs_oracle": r.ratio("oracle"), "whole_run_vs_operator": r.ratio("layer", steady=False),
                    "outcomes": {k: asdict(o) for k, o in r.outcomes.items()}} for r in reports],
     })
 
 
 def plot(reports: Sequence[PoolReport], path: Path) -> Path:
-    """Left: KnapsackLB over the best baseline and over the oracle per pool, sorted; right: their CDFs."""
+    """Left: KnapsackLB over the best baseline and over the oracle per pool (the geometric mean over its
+    paths), sorted; right: their CDFs."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -640,9 +755,9 @@ def plot(reports: Sequence[PoolReport], path: Path) -> Path:
     from matplotlib.ticker import FuncFormatter
 
     fig, (bars, cdf) = plt.subplots(1, 2, figsize=(12, 4.5))
-    series = {"vs best operator baseline (steady)": [r.ratio("best") for r in reports],
-              "vs oracle static plan (steady)": [r.ratio("oracle") for r in reports],
-              "vs best operator baseline (whole run)": [r.ratio("best", steady=False) for r in reports]}
+    series = {"vs best operator baseline (steady)": per_pool(reports, lambda r: r.ratio("best")),
+              "vs oracle static plan (steady)": per_pool(reports, lambda r: r.ratio("oracle")),
+              "vs best operator baseline (whole run)": per_pool(reports, lambda r: r.ratio("best", steady=False))}
     for name, values in series.items():
         finite = np.sort(np.array([v for v in values if math.isfinite(v)]))
         bars.plot(range(1, finite.size + 1), finite, marker="o", ms=3, label=name)
@@ -662,7 +777,9 @@ def plot(reports: Sequence[PoolReport], path: Path) -> Path:
     cdf.set_xlabel("KnapsackLB mean latency / other")
     cdf.set_ylabel("share of pools")
     cdf.legend(fontsize=8)
-    fig.suptitle(f"KnapsackLB (defaults) on {len(reports)} random pools")
+    paths = len(_paths(reports))
+    fig.suptitle(f"KnapsackLB (defaults) on {len(by_pool(reports))} random pools"
+                 + (f", {paths} random paths each" if paths > 1 else ""))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

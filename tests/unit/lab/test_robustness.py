@@ -15,16 +15,22 @@ from knapsack_lb.lab.bench.robustness import (
     MAX_LOAD_AFTER_EVENT,
     SATURATED,
     VCPUS,
+    Outcome,
     PoolGenerator,
+    PoolReport,
     capacity_plan,
+    gauge_policies,
     generate_pool,
+    geometric_mean,
     measured_busy,
     oracle_plan,
+    path_seed,
     plan_latency,
     policy_run,
     run_one,
     run_one_fluid,
     save_specs,
+    summarise,
     true_latency,
 )
 from knapsack_lb.lab.fluid import FluidDip, FluidModel
@@ -157,3 +163,93 @@ def test_light_requests_reach_the_pools_scenarios_and_the_fluid_engine_refuses_t
     result = CliRunner().invoke(app, ["bench", "robustness", "--pools", "1", "--engine", "fluid", "--light-requests",
                                       "50"])
     assert result.exit_code != 0 and "light" in result.output
+
+
+def test_path_zero_is_the_scenarios_seed_and_every_path_has_its_own() -> None:
+    pool = POOLS[5]
+    seeds = [path_seed(pool, k) for k in range(20)]
+    assert seeds[0] == pool.scenario.seed and len(set(seeds)) == 20
+    assert not set(seeds[1:]) & {p.scenario.seed for p in POOLS}  # no path is another pool's own
+    with pytest.raises(ValueError, match="path must be 0-19"):
+        path_seed(pool, 20)
+
+
+def test_two_paths_of_one_pool_differ_and_one_path_reruns_to_the_digit() -> None:
+    pool = next(p for p in POOLS if p.layer == 7 and len(p.dips) <= 6)
+    pool = generate_pool(pool.index, seed=7, gen=PoolGenerator(duration=90.0))
+    first, again, other = run_one(pool, "round_robin"), run_one(pool, "round_robin", 0), run_one(pool, "round_robin", 1)
+    assert first.mean_ms == again.mean_ms and first.path == 0
+    assert other.mean_ms != first.mean_ms and other.path == 1
+
+
+def test_geometric_mean_of_ratios() -> None:
+    assert geometric_mean([1.1, 1 / 1.1]) == pytest.approx(1.0)
+    assert geometric_mean([2.0, 8.0]) == pytest.approx(4.0)
+    assert geometric_mean([1.0, math.nan]) == 1.0
+    assert geometric_mean([0.9, math.inf]) == math.inf
+    assert math.isnan(geometric_mean([]))
+
+
+def _report(index: int, path: int, means: dict[str, float]) -> PoolReport:
+    """A pool's report along one path with the given whole-run (and steady) means; nothing run."""
+    pool = next(p for p in POOLS if p.index == index)
+    return PoolReport(pool, {label: Outcome(index, label, ms, ms, ms, ms, 0.0, 0.0, first_solved_s=5.0, path=path,
+                                            max_utilisation_after=0.9 if label == "knapsack" else None)
+                             for label, ms in means.items()}, path)
+
+
+def test_the_summary_takes_each_pools_geometric_mean_over_its_paths_and_counts_each_path() -> None:
+    """Two layer-4 pools on two paths: on one KnapsackLB is 10 % better on one path and 12 % worse on the
+    other (0.4 % worse over both: not better), on the other it is 20 % then 5 % better; a layer-7 pool is
+    judged against least connections and WLC by vCPU only, not round robin."""
+    l4 = [p.index for p in POOLS if p.layer == 4][:2]
+    l7 = next(p.index for p in POOLS if p.layer == 7)
+    reports = [
+        _report(l4[0], 0, {"round_robin": 100.0, "least_connections": 120.0, "wrr_vcpu": 110.0, "oracle": 80.0,
+                           "knapsack": 90.0}),
+        _report(l4[0], 1, {"round_robin": 100.0, "least_connections": 120.0, "wrr_vcpu": 110.0, "oracle": 80.0,
+                           "knapsack": 112.0}),
+        _report(l4[1], 0, {"round_robin": 50.0, "least_connections": 60.0, "wrr_vcpu": 70.0, "oracle": 40.0,
+                           "knapsack": 40.0}),
+        _report(l4[1], 1, {"round_robin": 50.0, "least_connections": 60.0, "wrr_vcpu": 70.0, "oracle": 40.0,
+                           "knapsack": 47.5}),
+        _report(l7, 0, {"round_robin": 10.0, "least_connections": 30.0, "wlc_vcpu": 20.0, "oracle": 20.0,
+                        "knapsack": 19.0}),
+        _report(l7, 1, {"round_robin": 10.0, "least_connections": 30.0, "wlc_vcpu": 20.0, "oracle": 20.0,
+                        "knapsack": 19.0}),
+    ]
+    summary = summarise(reports)
+    assert summary["pools"] == 3 and summary["paths"] == 2
+    layer4, layer7 = summary["by_layer"]["4"], summary["by_layer"]["7"]
+    assert layer4["operator_baselines"] == ["round_robin", "least_connections", "wrr_vcpu"]
+    assert layer4["better_whole_run"] == 1  # the first pool is not better over its two paths
+    assert layer4["better_whole_run_per_path"] == [2, 1]
+    assert layer4["whole_run_vs_operator"]["worst"] == pytest.approx(math.sqrt(0.9 * 1.12))
+    assert layer4["whole_run_vs_operator"]["median"] == pytest.approx(math.sqrt(0.8 * 0.95))
+    assert layer4["worse_whole_run_by_5pct"] == 0 and layer4["above_capacity_after_solved"] == 0
+    assert layer7["operator_baselines"] == ["least_connections", "wlc_vcpu"]
+    assert layer7["better_whole_run"] == 1 and layer7["whole_run_vs_operator"]["worst"] == pytest.approx(0.95)
+    assert summary["steady_vs_best_baseline"]["worst"] == pytest.approx(1.9)  # against round robin's 10 ms
+
+
+def test_the_policies_run_always_include_knapsacklb_and_the_oracle() -> None:
+    assert gauge_policies("sim", ["round_robin"]) == ("round_robin", "oracle", "knapsack")
+    assert gauge_policies("fluid") == ("round_robin", "wrr_vcpu", "oracle", "knapsack")
+    with pytest.raises(ValueError, match="'least_connections'"):
+        gauge_policies("fluid", ["least_connections"])
+
+
+def test_the_command_runs_several_paths_of_one_layers_pools_with_chosen_policies(tmp_path: Path) -> None:
+    args = ["bench", "robustness", "--pools", "3", "--engine", "fluid", "--duration", "120", "--workers", "1",
+            "--plot", str(tmp_path / "r.png"), "--json"]
+    result = CliRunner().invoke(app, [*args, "--paths", "2", "--layer", "4", "--policies", "wrr_vcpu"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    layer4 = [p.index for p in (generate_pool(i, 1) for i in range(3)) if p.layer == 4]
+    assert [(p["index"], p["path"]) for p in data["pools"]] == [(i, k) for i in layer4 for k in (0, 1)]
+    assert {p["layer"] for p in data["pools"]} == {4}
+    assert set(data["pools"][0]["outcomes"]) == {"wrr_vcpu", "oracle", "knapsack"}
+    assert data["summary"]["paths"] == 2 and list(data["summary"]["by_layer"]) == ["4"]
+    for bad, field in ((["--layer", "5"], "layer"), (["--policies", "nginx"], "policies")):
+        result = CliRunner().invoke(app, [*args, *bad])
+        assert result.exit_code != 0 and field in result.output and bad[1] in result.output
