@@ -94,7 +94,9 @@ class Run:
     """Drives one controller against one fluid model, one probe round per interval."""
 
     def __init__(self, model: FluidModel, settings: ControllerSettings, seed: int,
-                 on_tick: Callable[[float], None] | None = None) -> None:
+                 on_tick: Callable[[float], None] | None = None, start: Mapping[str, float] | None = None) -> None:
+        """``start``: the weights the LB carries before the controller's first plan, which it reads at start
+        as a deployed one does (default: an equal split, unread: the controller starts from nothing)."""
         self.on_tick = on_tick
         self.model = model
         self.settings = settings
@@ -106,7 +108,11 @@ class Run:
         self.max_raised_util = 0.0
         self.built_at: float | None = None
         self.log: list[tuple[float, str]] = []
-        model.set_weights({n: 1.0 for n in model.names}, 0.0)
+        if start:  # carried long enough to be in full effect when the controller starts
+            model.set_weights(start, -model.drain_time)
+            self.lab.sink.carried = dict(start)
+        else:
+            model.set_weights({n: 1.0 for n in model.names}, 0.0)
 
     @property
     def now(self) -> float:

@@ -466,7 +466,8 @@ def run_one_fluid(pool: Pool, label: str, path: int = 0) -> Outcome:
     if label not in FLUID_POLICIES:
         raise ValueError(f"policy {label!r} has no fluid counterpart (fluid runs: {', '.join(FLUID_POLICIES)})")
     settings = ControllerSettings(loop=LoopSettings(interval=gen_interval))
-    run = Run(model, settings, path_seed(pool, path)) if label == "knapsack" else None
+    # deployed beside an LB weighted by vCPU, as in the simulator: it starts from the weights it reads there
+    run = Run(model, settings, path_seed(pool, path), start=static["wrr_vcpu"]) if label == "knapsack" else None
     event = pool.scenario.events[0] if pool.scenario.events else None
     means: list[tuple[float, float, float]] = []
     plans: list[dict[str, Any]] = []

@@ -253,3 +253,12 @@ def test_the_command_runs_several_paths_of_one_layers_pools_with_chosen_policies
     for bad, field in ((["--layer", "5"], "layer"), (["--policies", "nginx"], "policies")):
         result = CliRunner().invoke(app, [*args, *bad])
         assert result.exit_code != 0 and field in result.output and bad[1] in result.output
+
+
+def test_knapsacklb_in_the_fluid_model_starts_from_the_lbs_vcpu_weights_as_in_the_simulator() -> None:
+    """Pool 0 of seed 1 (DIPs of 4, 2, 2 and 2 vCPUs at 80 % load): an equal split runs the 2-vCPU DIPs
+    past their capacity, and a fluid run that started there was 40x weights by vCPU over two minutes."""
+    pool = generate_pool(0, 1, PoolGenerator(duration=120.0))
+    assert [d.vcpus for d in pool.dips] == [4, 2, 2, 2] and pool.load == pytest.approx(0.8, abs=0.01)
+    knapsack, vcpu = run_one_fluid(pool, "knapsack"), run_one_fluid(pool, "wrr_vcpu")
+    assert knapsack.mean_ms < 1.1 * vcpu.mean_ms, (knapsack, vcpu)
