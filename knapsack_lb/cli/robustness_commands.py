@@ -40,7 +40,8 @@ def bench_robustness_command(
     policies: str = typer.Option(None, help="Comma-separated policies to run (default: all of the engine's); "
                                  "knapsack and oracle always run."),
 ) -> None:
-    """Run the gauge: every pool, every policy, same seed; a table, a PNG and optionally JSON."""
+    """Run the gauge: every pool, every policy on the same seed of each random path; a table, a PNG and
+    optionally JSON."""
     from knapsack_lb.lab.bench import robustness as gauge
 
     if engine not in ("sim", "fluid"):
