@@ -520,7 +520,11 @@ class PoolReport:
 
     pool: Pool
     outcomes: Mapping[str, Outcome]
-    path: int = 0
+
+    @property
+    def path(self) -> int:
+        """The random path its outcomes took (one for all of them)."""
+        return next(iter(self.outcomes.values())).path
 
     def ratio(self, other: str, steady: bool = True, of: str = "knapsack") -> float:
         """``of``'s mean latency (KnapsackLB's by default) over ``other``'s: a policy's label, ``"best"``
@@ -701,7 +705,7 @@ def run_gauge(pools: Sequence[Pool], engine: Literal["sim", "fluid"] = "sim", wo
                 results[(outcome.pool, outcome.policy, outcome.path)] = outcome
                 if on_done:
                     on_done(outcome)
-    return [PoolReport(p, {label: results[(p.index, label, k)] for label in labels}, k)
+    return [PoolReport(p, {label: results[(p.index, label, k)] for label in labels})
             for p in pools for k in range(paths)]
 
 

@@ -195,7 +195,7 @@ def _report(index: int, path: int, means: dict[str, float]) -> PoolReport:
     pool = next(p for p in POOLS if p.index == index)
     return PoolReport(pool, {label: Outcome(index, label, ms, ms, ms, ms, 0.0, 0.0, first_solved_s=5.0, path=path,
                                             max_utilisation_after=0.9 if label == "knapsack" else None)
-                             for label, ms in means.items()}, path)
+                             for label, ms in means.items()})
 
 
 def test_the_summary_takes_each_pools_geometric_mean_over_its_paths_and_counts_each_path() -> None:
