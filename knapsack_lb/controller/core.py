@@ -98,7 +98,14 @@ from knapsack_lb.controller.rails import apply_rails, capacity_proportional
 from knapsack_lb.controller.scheduling import MeasurementRequest, schedule_round
 from knapsack_lb.controller.settings import ControllerSettings
 from knapsack_lb.controller.state import ControllerState, DipState, DrainProbe
-from knapsack_lb.controller.traffic import RateReading, TrafficChange, rate_change, shifted, traffic_change
+from knapsack_lb.controller.traffic import (
+    RateReading,
+    TrafficChange,
+    corroborated,
+    rate_change,
+    shifted,
+    traffic_change,
+)
 from knapsack_lb.curves import LatencyCurve
 from knapsack_lb.curves.fitting import fit_curve
 from knapsack_lb.errors import InvalidInputError, KnapsackLBError
@@ -910,7 +917,8 @@ class VipController:
     def _traffic(self, latest: Mapping[str, RoundEvidence], now: float) -> TrafficChange | None:
         """This step's traffic test: on the VIP's counted rate where the LB counts (its newest read
         stamped with the VIP's probe latency under the plan in force), else, or where it counts bytes
-        and their rate calls nothing, on the DIPs' rounds (section 4.5)."""
+        and their rate calls nothing, on the DIPs' rounds (section 4.5), which where the LB counts
+        stand only when its rate bears them out (:func:`corroborated`)."""
         counted = self.vip_rates[-1] if self.vip_rates else None
         if counted is not None and counted.time == now:
             measured = vip_latency(self.in_force, latest)
@@ -918,6 +926,11 @@ class VipController:
         change = self._rate_change(clients_only=not counted.counts_requests) if counted is not None else None
         if change is None and (counted is None or not counted.counts_requests):
             change = self._traffic_change()
+            s = self.settings
+            if change is not None and counted is not None and not corroborated(
+                    change, [r for r in self.vip_rates if r.time > self.traffic_changed_at],
+                    confirmations=s.dynamics.change_confirmations, z=s.learning.confidence):
+                return None
         return change
 
     def _rate_change(self, *, clients_only: bool) -> TrafficChange | None:

@@ -13,7 +13,14 @@ from knapsack_lb.controller.core import VipController
 from knapsack_lb.controller.dynamics import K_EVENT_MAX
 from knapsack_lb.controller.estimation import RoundEvidence
 from knapsack_lb.controller.settings import ControllerSettings
-from knapsack_lb.controller.traffic import RateReading, rate_change, shifted, traffic_change
+from knapsack_lb.controller.traffic import (
+    RateReading,
+    TrafficChange,
+    corroborated,
+    rate_change,
+    shifted,
+    traffic_change,
+)
 from knapsack_lb.curves.utilisation import UtilisationCurve
 from knapsack_lb.lab.bench.controller import paper30_dips
 from knapsack_lb.lab.fluid import FluidModel
@@ -200,6 +207,25 @@ def test_a_counted_rate_of_bytes_is_traffic_only_where_the_latency_moved_the_sam
     assert rate_change(_bytes([*before, 850.0, 860.0], [*slow, 0.060, 0.062]), **RATE) is not None
 
 
+def test_a_latency_shift_is_traffic_only_where_the_counted_rate_bears_it_out() -> None:
+    """Where the LB counts, the DIPs' rounds call a traffic change only when the counted rate moved
+    beyond its noise the way their latency did (no size threshold): fewer clients, fewer bytes and
+    a faster pool. A rate that held (the rounds' own swing), or one that moved against the latency
+    (a capacity change), bears nothing out."""
+    before = [1000.0, 1010.0, 990.0, 1005.0, 995.0, 1000.0]
+    latencies: list[float | None] = [None] * 8
+    faster, slower = TrafficChange(1.1, 0.93, 10, 8), TrafficChange(0.92, 1.08, 10, 8)
+    fell = _bytes([*before, 960.0, 955.0], latencies)  # -4 %: below the rate test's threshold, beyond its noise
+    assert corroborated(faster, fell, confirmations=2, z=2.0)
+    assert not corroborated(slower, fell, confirmations=2, z=2.0)  # a capacity loss: fewer bytes, slower
+    held = _bytes([*before, 1003.0, 996.0], latencies)
+    assert not corroborated(faster, held, confirmations=2, z=2.0) and not corroborated(slower, held, confirmations=2,
+                                                                                        z=2.0)
+    one = _bytes([*before, 1000.0, 955.0], latencies)  # only the newest read moved
+    assert not corroborated(faster, one, confirmations=2, z=2.0)
+    assert not corroborated(faster, fell[-4:], confirmations=2, z=2.0)  # too few reads to judge
+
+
 def _paper_pool(seed: int, ticks: int) -> Loop:
     """The paper's 30-DIP pool at 70 % load, learned by the default learner for ``ticks`` intervals."""
     dips = paper30_dips(seed)
@@ -266,6 +292,35 @@ def test_where_the_lb_counts_requests_the_learner_reads_traffic_from_the_rate() 
     reasons = _reasons_after_a_rise(loop, 1.15)
     changes = [r for r in reasons if r.startswith("traffic change")]
     assert len(changes) == 1 and "the VIP's request rate x1.150" in changes[0], reasons
+
+
+def _count_bytes(loop: Loop, *, follow_traffic: bool) -> None:
+    """The LB counts bytes (layer 4): each DIP's share of the VIP's rate, 2 kB a request; at the
+    rate of the start whatever the traffic does, unless ``follow_traffic``."""
+    model, counted, start = loop.model, dict.fromkeys(loop.model.names, 0.0), loop.model.total_rate
+
+    async def traffic() -> Traffic:
+        rate = model.total_rate if follow_traffic else start
+        for name, share in model.effective_weights(loop.now).items():
+            counted[name] += share * rate * 2_000 * loop.ctl.settings.loop.interval
+        return Traffic("bytes", dict(counted))
+
+    loop.lab.sink.traffic = traffic  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("bytes_follow", [True, False])
+def test_where_the_lb_counts_bytes_a_latency_shift_its_rate_does_not_bear_out_is_no_traffic(
+        bytes_follow: bool) -> None:
+    """The paper's pool behind an LB that counts bytes (layer 4): +8 % clients, below the rate test's
+    10 %, is called by the DIPs' rounds and borne out by the bytes; the same rise in latency with the
+    bytes held (what the rounds of a pool whose queues swing together show) is no traffic change."""
+    loop = _paper_pool(1, ticks=100)
+    _count_bytes(loop, follow_traffic=bytes_follow)
+    assert not any(r.startswith("traffic change") for r in _reasons(loop, 8))
+    loop.model.set_total_rate(loop.model.total_rate * 1.08)
+    changes = [r for r in _reasons(loop, 12) if r.startswith("traffic change")]
+    assert len(changes) == (1 if bytes_follow else 0), changes
+    assert all("at unchanged weights" in c for c in changes)
 
 
 def test_a_dip_restored_as_traffic_rises_is_relearned_not_shifted() -> None:
