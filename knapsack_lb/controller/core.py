@@ -917,8 +917,8 @@ class VipController:
     def _traffic(self, latest: Mapping[str, RoundEvidence], now: float) -> TrafficChange | None:
         """This step's traffic test: on the VIP's counted rate where the LB counts (its newest read
         stamped with the VIP's probe latency under the plan in force), else, or where it counts bytes
-        and their rate calls nothing, on the DIPs' rounds (section 4.5), which where the LB counts
-        stand only when its rate bears them out (:func:`corroborated`)."""
+        and their rate calls nothing, on the DIPs' rounds (section 4.5), whose call stands, where the
+        LB counts, only when its rate bears it out (:func:`corroborated`)."""
         counted = self.vip_rates[-1] if self.vip_rates else None
         if counted is not None and counted.time == now:
             measured = vip_latency(self.in_force, latest)
