@@ -928,8 +928,8 @@ class VipController:
             change = self._traffic_change()
             s = self.settings
             if change is not None and counted is not None and not corroborated(
-                    change, [r for r in self.vip_rates if r.time > self.traffic_changed_at],
-                    confirmations=s.dynamics.change_confirmations, z=s.learning.confidence):
+                    change, self._reads_since_change(), confirmations=s.dynamics.change_confirmations,
+                    z=s.learning.confidence):
                 return None
         return change
 
@@ -937,9 +937,13 @@ class VipController:
         """The traffic test on the VIP's counted rate since the last traffic change (:func:`rate_change`);
         ``clients_only`` (a rate of bytes, layer 4): taken only where the VIP's probe latency moved the same way."""
         s = self.settings
-        return rate_change([r for r in self.vip_rates if r.time > self.traffic_changed_at],
-                           confirmations=s.dynamics.change_confirmations, threshold=s.dynamics.traffic_change_threshold,
-                           z=s.learning.confidence, clients_only=clients_only)
+        return rate_change(self._reads_since_change(), confirmations=s.dynamics.change_confirmations,
+                           threshold=s.dynamics.traffic_change_threshold, z=s.learning.confidence,
+                           clients_only=clients_only)
+
+    def _reads_since_change(self) -> list[RateReading]:
+        """The VIP's counted rates read since the last traffic change: the reads the rate tests compare."""
+        return [r for r in self.vip_rates if r.time > self.traffic_changed_at]
 
     def _traffic_change(self) -> TrafficChange | None:
         """Section 4.5's traffic test on the DIPs' rounds (:mod:`knapsack_lb.controller.traffic`)."""

@@ -219,8 +219,8 @@ def test_a_latency_shift_is_traffic_only_where_the_counted_rate_bears_it_out() -
     assert corroborated(faster, fell, confirmations=2, z=2.0)
     assert not corroborated(slower, fell, confirmations=2, z=2.0)  # a capacity loss: fewer bytes, slower
     held = _bytes([*before, 1003.0, 996.0], latencies)
-    assert not corroborated(faster, held, confirmations=2, z=2.0) and not corroborated(slower, held, confirmations=2,
-                                                                                        z=2.0)
+    assert not corroborated(faster, held, confirmations=2, z=2.0)
+    assert not corroborated(slower, held, confirmations=2, z=2.0)
     one = _bytes([*before, 1000.0, 955.0], latencies)  # only the newest read moved
     assert not corroborated(faster, one, confirmations=2, z=2.0)
     assert not corroborated(faster, fell[-4:], confirmations=2, z=2.0)  # too few reads to judge
