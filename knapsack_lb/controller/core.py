@@ -1237,7 +1237,7 @@ class VipController:
         (released early when the comparison turns out to have spanned a traffic change or a DIP's own
         slowdown: :meth:`_released`)."""
         s = self.settings
-        better = self.guard.verdict(s.learning.confidence, GUARD_THRESHOLD)
+        better = self.guard.verdict(s.learning.confidence, GUARD_THRESHOLD, s.measurement.trust_tolerance)
         current = self.guard.state.current
         if better is None or current is None:
             return None

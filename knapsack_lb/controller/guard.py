@@ -9,10 +9,13 @@ averaged, and the variance of that average is the larger of the one the rounds' 
 and the one the spread of the rounds' ``L`` gives (a load that moves makes rounds differ more than
 their probes say). When a plan has been measured for ``MIN_ROUNDS`` rounds and its ``L`` exceeds
 the previous plan's by more than ``z`` combined standard errors and more than ``threshold``
-relative, :meth:`PlanGuard.verdict` names the previous plan and the controller restores it. Two
-plans are compared only when they serve the same DIPs: a drain, a failure, a return or a new DIP
-changes the VIP's latency by itself, and restoring the plan from before it would undo the change
-(a returning DIP back at once to its old share, past its slow start). Nor across a DIP's own
+relative, :meth:`PlanGuard.verdict` names the previous plan and the controller restores it. The
+previous plan's ``L`` is taken as it would measure now: each DIP the plan in force gives no more
+weight and that measured slower under it adds its slowdown (:func:`slowed_without_weight`; a DIP's
+latency rises with its own load only, so the previous plan, which gives it as much, would be as slow
+there). Two plans are compared only when they serve the same DIPs: a drain, a failure, a return or
+a new DIP changes the VIP's latency by itself, and restoring the plan from before it would undo the
+change (a returning DIP back at once to its old share, past its slow start). Nor across a DIP's own
 slowdown (:meth:`PlanGuard.slowed`): a DIP found slower than its curve, or overloaded, at a weight
 the previous plan gives it too makes the plan in force look worse, and the previous plan would put
 the weight back where it slowed. A rollback that came first, between the slowdown and the rounds
@@ -67,10 +70,28 @@ class PlanRecord:
     weights: dict[str, float]
     values: list[float] = field(default_factory=list)
     variances: list[float] = field(default_factory=list)
+    # per DIP: [rounds, sum of the rounds' means, sum of their means' variances]
+    dips: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def mean(self) -> float:
         return math.fsum(self.values) / len(self.values) if self.values else math.nan
+
+    def dip_mean(self, name: str) -> tuple[float, float] | None:
+        """DIP ``name``'s mean latency over the plan's rounds and that mean's variance; None unmeasured."""
+        rounds, total, variances = self.dips.get(name, (0.0, 0.0, 0.0))
+        return (total / rounds, variances / rounds ** 2) if rounds else None
+
+    def record(self, rounds: Mapping[str, RoundEvidence], value: float, variance: float) -> None:
+        """One round's ``L`` (:func:`vip_latency`) and its DIPs' own means."""
+        self.values.append(value)
+        self.variances.append(variance)
+        for name, r in rounds.items():
+            if self.weights.get(name, 0.0) > 0 and r.n > 0 and math.isfinite(r.mean):
+                kept = self.dips.setdefault(name, [0.0, 0.0, 0.0])
+                kept[0] += 1
+                kept[1] += r.mean
+                kept[2] += r.std ** 2 / r.n
 
     @property
     def serving(self) -> frozenset[str]:
@@ -151,6 +172,39 @@ def vip_latency(weights: Mapping[str, float], rounds: Mapping[str, RoundEvidence
     return value, variance
 
 
+def slowed_without_weight(prev: PlanRecord, cur: PlanRecord, z: float, tolerance: float) -> tuple[float, float]:
+    """The previous plan's latency as it would measure now, and its variance: its own ``L``, plus the
+    slowdown of each DIP the plan in force gives no more weight than it did (within ``tolerance``,
+    relative) and that measured slower under it, beyond ``z`` standard errors of both means (weighted
+    by the previous plan's share).
+
+    A DIP's latency rises with its own load only, so a DIP slower at a weight no higher than before
+    slowed by itself (a lost core, a noisy neighbour) or with the traffic, and the previous plan,
+    which gives it as much or more, would be at least that slow now. Judged on ``L`` alone, a plan
+    in force when a DIP lost capacity, or when the load on every DIP drifted, looks worse than the one
+    measured before it, and the rollback then restores a plan that is no better (on the gauge, plans
+    a third of a percent of the traffic apart, rolled back for a 6 % rise that every DIP showed). How
+    it fails: a DIP the plan raised at all (beyond ``tolerance``) is charged to the plan for its whole
+    slowdown, so a DIP that lost capacity just after a small raise still reads as the plan's doing
+    (traced on the gauge: +8 % weight, then 4x slower after a 42 % loss, rolled back to a weight
+    1.4x its new capacity); a DIP that slowed by less than its rounds' noise is not counted; a DIP
+    that got faster is not credited."""
+    total = sum(w for w in prev.weights.values() if w > 0)
+    then, variance = prev.mean, prev.variance
+    if total <= 0:
+        return then, variance
+    for name, weight in prev.weights.items():
+        before, now = prev.dip_mean(name), cur.dip_mean(name)
+        if weight <= 0 or before is None or now is None or cur.weights.get(name, 0.0) > weight * (1 + tolerance):
+            continue
+        slower = now[0] - before[0]
+        if slower > z * math.sqrt(now[1] + before[1]):
+            share = weight / total
+            then += share * slower
+            variance += share ** 2 * (now[1] + before[1])
+    return then, variance
+
+
 class PlanGuard:
     """Measures each plan in force and says when the newest one is significantly worse."""
 
@@ -167,16 +221,17 @@ class PlanGuard:
             if st.current is not None and len(st.current.values) >= MIN_ROUNDS:
                 st.previous = st.current
             st.current = PlanRecord(version, dict(weights))
-        st.current.values.append(measured[0])
-        st.current.variances.append(measured[1])
+        st.current.record(rounds, *measured)
 
-    def verdict(self, z: float, threshold: float) -> PlanRecord | None:
-        """The previous plan, when the current one is worse beyond noise and ``threshold``; else None."""
+    def verdict(self, z: float, threshold: float, tolerance: float = 0.0) -> PlanRecord | None:
+        """The previous plan, when the current one is worse beyond noise and ``threshold`` than it would
+        measure now (:func:`slowed_without_weight`, weights within ``tolerance`` counted as one); else None."""
         cur, prev = self.state.current, self.state.previous
         if cur is None or prev is None or len(cur.values) < MIN_ROUNDS or cur.serving != prev.serving:
             return None
-        gap = cur.mean - prev.mean
-        if gap > z * math.sqrt(cur.variance + prev.variance) and cur.mean > (1 + threshold) * prev.mean:
+        then, variance = slowed_without_weight(prev, cur, z, tolerance)
+        gap = cur.mean - then
+        if gap > z * math.sqrt(cur.variance + variance) and cur.mean > (1 + threshold) * then:
             return prev
         return None
 

@@ -28,31 +28,56 @@ def test_the_vip_latency_of_a_round_is_the_plan_weighted_mean() -> None:
 
 
 def _guard(before: float, after: float, stderr: float) -> PlanGuard:
+    """Plan 1 at 0.5 / 0.5, both DIPs at ``before``; plan 2 raises a to 0.8, which then measures ``after``."""
     guard = PlanGuard()
     for _ in range(3):
-        guard.observe(1, {"a": 1.0}, {"a": _ev(before, stderr)})
+        guard.observe(1, {"a": 0.5, "b": 0.5}, {"a": _ev(before, stderr), "b": _ev(before, stderr)})
     for _ in range(2):
-        guard.observe(2, {"a": 1.0}, {"a": _ev(after, stderr)})
+        guard.observe(2, {"a": 0.8, "b": 0.2}, {"a": _ev(after, stderr), "b": _ev(before, stderr)})
     return guard
 
 
 def test_a_plan_worse_beyond_noise_and_threshold_names_the_one_before() -> None:
-    worse = _guard(0.010, 0.013, 0.0002).verdict(2.0, 0.05)
+    worse = _guard(0.010, 0.014, 0.0002).verdict(2.0, 0.05)
     assert worse is not None and worse.version == 1
-    assert _guard(0.010, 0.013, 0.003).verdict(2.0, 0.05) is None  # within the noise
+    assert _guard(0.010, 0.014, 0.003).verdict(2.0, 0.05) is None  # within the noise
     assert _guard(0.010, 0.0104, 0.00001).verdict(2.0, 0.05) is None  # significant, but below 5 %
     assert _guard(0.013, 0.010, 0.0002).verdict(2.0, 0.05) is None  # better
 
 
-def test_plans_that_serve_different_dips_are_never_compared() -> None:
+def _two_plans(after: dict[str, float], b_after: float) -> PlanGuard:
+    """Plan 1 at a 0.5 / 0.5 split, both DIPs at 10 ms; plan 2 at ``after``, a at 10 ms, b at ``b_after``."""
     guard = PlanGuard()
     for _ in range(3):
         guard.observe(1, {"a": 0.5, "b": 0.5}, {"a": _ev(0.010, 0.0001), "b": _ev(0.010, 0.0001)})
-    for _ in range(3):  # b drained: a carries it all and is much slower, which is the drain, not the plan
-        guard.observe(2, {"a": 1.0, "b": 0.0}, {"a": _ev(0.020, 0.0001)})
+    for _ in range(3):
+        guard.observe(2, after, {"a": _ev(0.010, 0.0001), "b": _ev(b_after, 0.0001)})
+    return guard
+
+
+def test_a_dip_slower_at_no_more_weight_counts_against_the_plan_before_too() -> None:
+    # b doubled its latency at a weight the new plan lowered: it slowed by itself, and the plan before,
+    # which gives it more, would be slower still; nothing to roll back
+    assert _two_plans({"a": 0.6, "b": 0.4}, 0.020).verdict(2.0, 0.05) is None
+    assert _two_plans({"a": 0.5, "b": 0.5}, 0.020).verdict(2.0, 0.05) is None  # at the same weight
+    # raised and slower: the plan's doing, and the plan before is restored
+    worse = _two_plans({"a": 0.4, "b": 0.6}, 0.020).verdict(2.0, 0.05)
+    assert worse is not None and worse.version == 1
+    record = _two_plans({"a": 0.6, "b": 0.4}, 0.020).state.current
+    assert record is not None and record.dip_mean("b") == pytest.approx((0.020, 0.0001 ** 2 / 3))
+
+
+def test_plans_that_serve_different_dips_are_never_compared() -> None:
+    guard = PlanGuard()
+    fast = {n: _ev(0.010, 0.0001) for n in "abc"}
+    for _ in range(3):
+        guard.observe(1, {"a": 0.4, "b": 0.3, "c": 0.3}, fast)
+    slow = {n: _ev(0.020, 0.0001) for n in "ab"}
+    for _ in range(3):  # c drained: a and b carry it all and are much slower, which is the drain, not the plan
+        guard.observe(2, {"a": 0.5, "b": 0.5, "c": 0.0}, slow)
     assert guard.verdict(2.0, 0.05) is None
     for _ in range(3):  # the next plan over the same DIPs is judged against the drained one
-        guard.observe(3, {"a": 1.0, "b": 0.0}, {"a": _ev(0.030, 0.0001)})
+        guard.observe(3, {"a": 0.8, "b": 0.2, "c": 0.0}, {"a": _ev(0.030, 0.0001), "b": _ev(0.020, 0.0001)})
     worse = guard.verdict(2.0, 0.05)
     assert worse is not None and worse.version == 2
 
