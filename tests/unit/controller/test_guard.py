@@ -63,6 +63,9 @@ def test_a_dip_slower_at_no_more_weight_counts_against_the_plan_before_too() -> 
     # raised and slower: the plan's doing, and the plan before is restored
     worse = _two_plans({"a": 0.4, "b": 0.6}, 0.020).verdict(2.0, 0.05)
     assert worse is not None and worse.version == 1
+    # raised by 2 %: the same weight within a 5 % tolerance, charged to the plan without one
+    assert _two_plans({"a": 0.49, "b": 0.51}, 0.020).verdict(2.0, 0.05, tolerance=0.05) is None
+    assert _two_plans({"a": 0.49, "b": 0.51}, 0.020).verdict(2.0, 0.05, tolerance=0.0) is not None
     record = _two_plans({"a": 0.6, "b": 0.4}, 0.020).state.current
     assert record is not None and record.dip_mean("b") == pytest.approx((0.020, 0.0001 ** 2 / 3))
 
